@@ -1,0 +1,121 @@
+"""The vocabulary of rules: what a rule may answer, and what a callable rule is shown."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Placement
+
+REPLICATE = "replicate"
+LOCAL = "local"
+ERROR = "error"
+RULE_NAMES = (REPLICATE, LOCAL, ERROR)
+
+Position = Tuple[Union[int, str], ...]
+"""Where an operand sits in the normalized call: ``(1,)`` is the second positional argument,
+``(0, 3)`` the fourth element of a tensor-list first argument, ``("out",)`` a keyword."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How to promote one plain operand.
+
+    ``kind`` is ``"replicate"`` (the operand is the same whole tensor on every rank),
+    ``"local"`` (it is this rank's piece of a larger tensor) or ``"error"``.
+    ``placements`` overrides the placements the built-in logic would choose; ``shape`` gives
+    the global shape of a ``"local"`` operand when it cannot be inferred (uneven shards);
+    ``mesh`` picks the mesh when the DTensor operands do not agree on one.
+    """
+
+    kind: str
+    placements: Optional[Sequence["Placement"]] = None
+    shape: Optional[Sequence[int]] = None
+    mesh: Optional["DeviceMesh"] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULE_NAMES:
+            raise ValueError(f"Decision kind must be one of {RULE_NAMES}, got {self.kind!r}")
+        if self.shape is not None and self.kind != LOCAL:
+            raise ValueError("Decision(shape=...) only makes sense for kind='local'")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One tensor operand of a mixed call."""
+
+    position: Position
+    tensor: "torch.Tensor"
+    is_plain: bool
+    written: bool
+
+    @property
+    def label(self) -> str:
+        """Human-readable position, e.g. ``args[1]`` or ``args[0][3]`` or ``kwargs['out']``."""
+        head, *rest = self.position
+        text = f"args[{head}]" if isinstance(head, int) else f"kwargs[{head!r}]"
+        return text + "".join(f"[{i}]" for i in rest)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedCall:
+    """What a callable rule receives: one op call that mixes plain tensors and DTensors.
+
+    ``plain`` lists the operands the rule must decide on (plain tensors torch itself would
+    reject; one-element tensors are promoted by torch and are not listed). ``peers`` are the
+    DTensor operands, ``mesh`` their common mesh (``None`` when they sit on different meshes;
+    ``meshes`` then lists them).
+    """
+
+    op: "torch._ops.OpOverload"
+    args: Tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    operands: Tuple[Operand, ...]
+    plain: Tuple[Operand, ...]
+    peers: Tuple["DTensor", ...]
+    mesh: Optional["DeviceMesh"]
+    meshes: Tuple["DeviceMesh", ...]
+
+    def peer_for(self, operand: Operand) -> "DTensor":
+        """The DTensor a plain operand is matched against (same list first, then same shape)."""
+        from ._promotion import choose_peer
+
+        return choose_peer(operand, self)
+
+
+RuleAnswer = Union[str, Decision, Mapping[Position, Union[str, Decision]], Sequence[Union[str, Decision]], None]
+Rule = Union[str, Callable[[MixedCall], RuleAnswer]]
+
+
+def as_decision(value: Union[str, Decision], where: str) -> Decision:
+    """Normalize a rule's answer for one operand."""
+    if isinstance(value, Decision):
+        return value
+    if isinstance(value, str):
+        if value not in RULE_NAMES:
+            raise ValueError(f"{where}: unknown rule {value!r}; use one of {RULE_NAMES}, a Decision, or a callable")
+        return Decision(value)
+    raise TypeError(
+        f"{where}: a rule must answer 'replicate', 'local', 'error', a Decision, a mapping from operand "
+        f"position to those, a sequence aligned with call.plain, or None; got {type(value).__name__}: {value!r}"
+    )
+
+
+def validate_rule(rule: object, where: str) -> Rule:
+    """Check a rule at registration time so mistakes surface where they are made."""
+    if isinstance(rule, str):
+        if rule not in RULE_NAMES:
+            raise ValueError(f"{where}: unknown rule {rule!r}; use one of {RULE_NAMES} or a callable")
+        return rule
+    if isinstance(rule, Decision):
+        return rule  # type: ignore[return-value]
+    if callable(rule):
+        return rule  # type: ignore[return-value]
+    raise TypeError(
+        f"{where}: a rule must be 'replicate', 'local', 'error', a Decision, or a callable taking a MixedCall; "
+        f"got {type(rule).__name__}: {rule!r}"
+    )

@@ -1,0 +1,133 @@
+"""Operator naming and per-operator facts (which arguments are written, is it elementwise).
+
+Everything here is pure schema inspection: no DTensor, no process group.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Union
+
+import torch
+
+OpLike = Union[str, "torch._ops.OpOverload", "torch._ops.OpOverloadPacket"]
+
+# Ops that torch does not tag ``pointwise`` but whose plain operands line up with the
+# DTensor operand element by element, so the peer's sharding can be reused for them.
+_ELEMENTWISE_EXTRA = frozenset({"aten::copy_", "aten::copy", "aten::lerp_", "aten::addcmul_", "aten::addcdiv_"})
+
+
+def _split_name(text: str) -> tuple[str, str, str | None]:
+    """Split ``"aten::mm.default"`` / ``"aten.mm.default"`` / ``"aten::mm"`` into parts."""
+    if "::" in text:
+        namespace, _, rest = text.partition("::")
+        name, _, overload = rest.partition(".")
+    else:
+        parts = text.split(".")
+        if len(parts) not in (2, 3):
+            raise ValueError(
+                f"cannot parse operator name {text!r}: expected 'namespace::name[.overload]' "
+                "or 'namespace.name[.overload]', e.g. 'aten::mm.default' or 'aten.mm'"
+            )
+        namespace, name = parts[0], parts[1]
+        overload = parts[2] if len(parts) == 3 else ""
+    if not namespace or not name:
+        raise ValueError(f"cannot parse operator name {text!r}")
+    return namespace, name, (overload or None)
+
+
+def resolve_op(op: OpLike) -> "torch._ops.OpOverload | torch._ops.OpOverloadPacket":
+    """Return the ``OpOverload`` or ``OpOverloadPacket`` that ``op`` names.
+
+    Raises ``TypeError`` for an object that is not an operator and ``ValueError`` for a
+    name that does not exist, so a typo never registers a rule that can never fire.
+    """
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return op
+    if not isinstance(op, str):
+        raise TypeError(
+            f"op must be a torch OpOverload (torch.ops.aten.mm.default), an OpOverloadPacket "
+            f"(torch.ops.aten.mm) or a name string ('aten::mm.default'); got {type(op).__name__}: {op!r}"
+        )
+    namespace, name, overload = _split_name(op.strip())
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError) as exc:
+        raise ValueError(f"operator {op!r} does not exist (no '{namespace}::{name}' is registered with torch)") from exc
+    if overload is None:
+        return packet
+    try:
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError) as exc:
+        known = ", ".join(sorted(packet.overloads()))
+        raise ValueError(
+            f"operator {op!r}: '{namespace}::{name}' has no overload {overload!r} (known overloads: {known})"
+        ) from exc
+
+
+def op_key(op: "torch._ops.OpOverload | torch._ops.OpOverloadPacket") -> str:
+    """Canonical display/registry key: ``aten::mm.default`` for an overload, ``aten::mm`` for a packet."""
+    if isinstance(op, torch._ops.OpOverload):
+        return f"{op._schema.name}.{op._overloadname}"
+    return op._qualified_op_name
+
+
+def packet_name(func: "torch._ops.OpOverload") -> str:
+    """``aten::mm`` for ``aten.mm.default``."""
+    return func._schema.name
+
+
+def _tensor_like(type_str: str) -> bool:
+    return "Tensor" in type_str
+
+
+def has_two_tensor_inputs(schema: Any) -> bool:
+    """True when an op can receive a DTensor and a plain tensor in the same call."""
+    count = 0
+    for argument in schema.arguments:
+        type_str = str(argument.type)
+        if _tensor_like(type_str):
+            if isinstance(argument.type, torch._C.ListType):
+                return True
+            count += 1
+    return count >= 2
+
+
+@functools.lru_cache(maxsize=None)
+def op_traits(func: "torch._ops.OpOverload") -> "OpTraits":
+    """Facts about ``func`` used by promotion; cached because they never change."""
+    schema = func._schema
+    written: set[object] = set()
+    for index, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.add(argument.name if argument.kwarg_only else index)
+    name = schema.name
+    tags = set(func.tags)
+    elementwise = torch.Tag.pointwise in tags or name in _ELEMENTWISE_EXTRA or name.startswith("aten::_foreach_")
+    if not elementwise and name.endswith("_"):
+        # In-place variants (add_) are not tagged; their functional twin (add) is.
+        functional = getattr(getattr(torch.ops, name.split("::")[0]), name.split("::")[1][:-1], None)
+        if functional is not None:
+            twin = getattr(functional, func._overloadname, None)
+            elementwise = twin is not None and torch.Tag.pointwise in set(twin.tags)
+    return OpTraits(
+        name=op_key(func),
+        elementwise=elementwise,
+        foreach=name.startswith("aten::_foreach_"),
+        written=frozenset(written),
+    )
+
+
+class OpTraits:
+    """What promotion needs to know about one op overload."""
+
+    __slots__ = ("name", "elementwise", "foreach", "written")
+
+    def __init__(self, name: str, elementwise: bool, foreach: bool, written: frozenset[object]) -> None:
+        self.name = name
+        self.elementwise = elementwise
+        self.foreach = foreach
+        self.written = written
+
+    def __repr__(self) -> str:
+        return f"OpTraits({self.name}, elementwise={self.elementwise}, foreach={self.foreach}, written={set(self.written)})"

@@ -1,0 +1,37 @@
+"""Options accepted by ``patch(**options)``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ._decisions import REPLICATE, Rule, validate_rule
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Effective settings while patched.
+
+    ``default``: the rule for ops with no registration (``"replicate"``, ``"local"``,
+    ``"error"`` or a callable). ``plain_grads``: give plain tensors that require grad a
+    plain ``.grad`` (True, the single-process semantics) instead of the DTensor gradient
+    promotion below autograd would leave there.
+    """
+
+    default: Rule = REPLICATE
+    plain_grads: bool = True
+
+    def updated(self, **changes: Any) -> "Options":
+        """A copy with ``changes`` applied, validated; unknown names raise ``TypeError``."""
+        known = {field.name for field in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"patch() got unknown option(s) {unknown}; known options: {sorted(known)}")
+        if "default" in changes:
+            validate_rule(changes["default"], "patch(default=...)")
+        if "plain_grads" in changes and not isinstance(changes["plain_grads"], bool):
+            raise TypeError(f"patch(plain_grads=...) must be a bool, got {changes['plain_grads']!r}")
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

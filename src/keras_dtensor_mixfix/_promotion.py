@@ -1,0 +1,440 @@
+"""Turn the plain operands of one mixed call into DTensors and run the op.
+
+Called from the dispatch hook (below autograd) only when a call really mixes a DTensor with
+a plain tensor that torch would reject. Nothing here communicates: a plain operand is
+either sliced locally (it is the whole tensor, identical on every rank) or wrapped as this
+rank's piece.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._redistribute import redistribute_local_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+from . import _grad, _stats
+from ._grad import is_traced
+from ._decisions import ERROR, LOCAL, REPLICATE, Decision, MixedCall, Operand, as_decision
+from ._errors import MixedOperandError, describe_mesh, promotion_error
+from ._ops import OpTraits, op_traits
+from ._patching import current_options as _current_options
+from ._registry import registry
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
+
+
+def needs_promotion(value: object) -> bool:
+    """A plain tensor torch itself would reject next to a DTensor (one-element ones it accepts)."""
+    return isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.numel() != 1
+
+
+# --------------------------------------------------------------------------- operands
+
+
+def collect_operands(args: Sequence[Any], kwargs: Dict[str, Any], traits: OpTraits) -> List[Operand]:
+    operands: List[Operand] = []
+    for index, value in enumerate(args):
+        _collect(operands, (index,), value, index in traits.written)
+    for name, value in kwargs.items():
+        _collect(operands, (name,), value, name in traits.written)
+    return operands
+
+
+def _collect(out: List[Operand], position: Tuple[Any, ...], value: Any, written: bool) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append(Operand(position, value, not isinstance(value, DTensor), written))
+    elif isinstance(value, (list, tuple)):
+        for sub, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                out.append(Operand(position + (sub,), item, not isinstance(item, DTensor), written))
+
+
+def choose_peer(operand: Operand, call: MixedCall) -> DTensor:
+    """The DTensor whose sharding a plain operand is matched to.
+
+    Preference: the DTensor at the same index of another list (foreach rows), then a DTensor in
+    the same list (cat), then one of the same shape, then the first one.
+    """
+    peers = [o for o in call.operands if not o.is_plain]
+    if len(operand.position) == 2:
+        for other in peers:
+            if len(other.position) == 2 and other.position[1] == operand.position[1]:
+                return other.tensor  # type: ignore[return-value]
+        for other in peers:
+            if other.position[0] == operand.position[0]:
+                return other.tensor  # type: ignore[return-value]
+    for other in peers:
+        if tuple(other.tensor.shape) == tuple(operand.tensor.shape):
+            return other.tensor  # type: ignore[return-value]
+    return peers[0].tensor  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- placements
+
+
+def _shard_dim(placement: Placement, ndim: int) -> Optional[int]:
+    # Only plain Shard: _StridedShard and other subclasses carry layouts we do not reproduce.
+    if type(placement) is Shard:
+        dim = placement.dim
+        return dim + ndim if dim < 0 else dim
+    return None
+
+
+def aligned_placements(plain: torch.Tensor, peer: DTensor) -> Tuple[Placement, ...]:
+    """Placements that make the whole tensor ``plain`` line up with ``peer`` (right-aligned dims).
+
+    A mesh dim that shards a peer dim the plain tensor also has, at the same global size,
+    shards the plain tensor there too (a local slice, no communication); anything else is
+    Replicate. Any answer is correct: the DTensor still holds all of ``plain``.
+    """
+    offset = peer.ndim - plain.ndim
+    result: List[Placement] = []
+    for placement in peer.placements:
+        dim = _shard_dim(placement, peer.ndim)
+        plain_dim = None if dim is None else dim - offset
+        if plain_dim is not None and 0 <= plain_dim < plain.ndim and plain.shape[plain_dim] == peer.shape[dim]:
+            result.append(Shard(plain_dim))
+        else:
+            result.append(Replicate())
+    return tuple(result)
+
+
+def _broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
+    try:
+        torch.broadcast_shapes(tuple(a), tuple(b))
+    except RuntimeError:
+        return False
+    return True
+
+
+_SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
+
+
+def clear_caches() -> None:
+    """Forget cached slicing decisions (called by unpatch)."""
+    _SLICE_CACHE.clear()
+
+
+def _local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
+    key = (shape, mesh, placements)
+    found = _SLICE_CACHE.get(key)
+    if found is None:
+        local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
+        found = tuple(slice(o, o + s) for o, s in zip(offsets, local_shape))
+        _SLICE_CACHE[key] = found
+    return found
+
+
+def _contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
+    stride: List[int] = []
+    running = 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= max(int(size), 1)
+    return tuple(reversed(stride))
+
+
+def _spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensorSpec:
+    return DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+
+
+def _wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensor:
+    if local.requires_grad:
+        # Below autograd the flag means nothing; detaching keeps DTensor from warning about it.
+        local = local.detach()
+    return DTensor(local, _spec(mesh, placements, shape, stride, dtype), requires_grad=False)  # type: ignore[call-arg]
+
+
+# --------------------------------------------------------------------------- promotion
+
+
+def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[DTensor, Tuple[Placement, ...]]:
+    """``"replicate"``: ``operand`` is the same whole tensor on every rank."""
+    plain = operand.tensor
+    if decision.placements is not None:
+        placements = tuple(decision.placements)
+        if any(isinstance(p, Partial) for p in placements):
+            raise promotion_error(traits.name, "a whole-tensor ('replicate') operand cannot be Partial",
+                                  operand_label=operand.label, operand=plain, peers=[peer])
+    elif operand.written:
+        # The op writes into this operand: its DTensor must own exactly this storage.
+        placements = (Replicate(),) * mesh.ndim
+    else:
+        placements = _choose_whole_placements(operand, peer, mesh, traits)
+    if operand.written and any(not p.is_replicate() for p in placements):
+        raise promotion_error(traits.name, "an operand the op writes into can only be promoted as Replicate under "
+                              "'replicate' (its storage must stay whole)", operand_label=operand.label,
+                              operand=plain, peers=[peer])
+    shape = tuple(plain.shape)
+    if all(p.is_replicate() for p in placements):
+        return _wrap(plain, mesh, placements, shape, plain.stride(), plain.dtype), placements
+    if is_traced(plain):
+        # torch.compile traces rank-agnostically (the mesh coordinate is symbolic): a concrete
+        # slice offset baked into the graph would be this rank's and wrong on the others. DTensor's
+        # own Replicate -> Shard step is traceable and local (no communication).
+        replicated = _spec(mesh, (Replicate(),) * mesh.ndim, shape, plain.stride(), plain.dtype)
+        target = _spec(mesh, placements, shape, plain.stride(), plain.dtype)
+        local = redistribute_local_tensor(plain, replicated, target)
+        return DTensor(local, target, requires_grad=False), placements  # type: ignore[call-arg]
+    local = plain[_local_slice(shape, mesh, placements)]
+    return _wrap(local, mesh, placements, shape, plain.stride(), plain.dtype), placements
+
+
+def _choose_whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits) -> Tuple[Placement, ...]:
+    plain = operand.tensor
+    if peer.device_mesh != mesh:
+        return (Replicate(),) * mesh.ndim
+    if traits.elementwise:
+        if _broadcastable(plain.shape, peer.shape):
+            return aligned_placements(plain, peer)
+        local_shape = tuple(peer._local_tensor.shape)
+        if local_shape != tuple(peer.shape) and _broadcastable(plain.shape, local_shape):
+            raise promotion_error(
+                traits.name,
+                "under the 'replicate' rule a plain operand is the whole tensor, but this one has the shape of the "
+                "DTensor's local shard, not of its global shape; it looks like this rank's piece",
+                operand_label=operand.label, operand=plain, peers=[peer],
+                advice="If it is this rank's piece, use the 'local' rule (patch(default='local') or "
+                       f"register_rule({traits.name!r}, 'local')); if it is the whole tensor, its shape is wrong.",
+            )
+        return (Replicate(),) * mesh.ndim
+    if tuple(plain.shape) == tuple(peer.shape):
+        return aligned_placements(plain, peer)
+    return (Replicate(),) * mesh.ndim
+
+
+def promote_local(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[DTensor, Tuple[Placement, ...]]:
+    """``"local"``: ``operand`` is this rank's piece; placements follow the peer's."""
+    plain = operand.tensor
+    if decision.placements is not None:
+        placements = tuple(decision.placements)
+    else:
+        if peer.device_mesh != mesh:
+            raise promotion_error(traits.name, "the 'local' rule needs a DTensor peer on the op's mesh",
+                                  operand_label=operand.label, operand=plain, peers=[peer])
+        placements = _mapped_local_placements(plain, peer)
+    if len(placements) != mesh.ndim:
+        raise promotion_error(traits.name, f"{len(placements)} placements given for a {mesh.ndim}-D mesh "
+                              f"{describe_mesh(mesh)}", operand_label=operand.label, operand=plain, peers=[peer])
+    if decision.shape is not None:
+        shape = tuple(int(s) for s in decision.shape)
+    else:
+        shape = _infer_global_shape(operand, peer, placements, traits, explicit=decision.placements is not None, mesh=mesh)
+    if shape != tuple(plain.shape) and plain.requires_grad and torch.is_grad_enabled() and not is_traced(plain):
+        # Autograd recorded this operand with its local shape and checks the gradient against it
+        # before any hook can run, so a gradient for a local piece cannot be delivered from here.
+        raise promotion_error(
+            traits.name,
+            "a 'local' operand that requires grad cannot be promoted below autograd: autograd recorded its local "
+            f"shape {tuple(plain.shape)} and would reject the gradient of global shape {shape}",
+            operand_label=operand.label, operand=plain, peers=[peer],
+            advice=f"Wrap it yourself, differentiably: DTensor.from_local(x, mesh, {list(placements)}) (its .grad is "
+                   "then this rank's piece), or detach it if it needs no gradient.",
+        )
+    return _wrap(plain, mesh, placements, shape, _contiguous_stride(shape), plain.dtype), placements
+
+
+def _mapped_local_placements(plain: torch.Tensor, peer: DTensor) -> Tuple[Placement, ...]:
+    offset = peer.ndim - plain.ndim
+    local_peer_shape = peer._local_tensor.shape
+    result: List[Placement] = []
+    for placement in peer.placements:
+        dim = _shard_dim(placement, peer.ndim)
+        if dim is not None:
+            plain_dim = dim - offset
+            broadcast = 0 <= plain_dim < plain.ndim and plain.shape[plain_dim] == 1 and local_peer_shape[dim] != 1
+            if 0 <= plain_dim < plain.ndim and not broadcast:
+                result.append(Shard(plain_dim))
+            else:
+                result.append(Replicate())
+        elif isinstance(placement, Partial):
+            result.append(placement)
+        else:
+            result.append(Replicate())
+    return tuple(result)
+
+
+def _infer_global_shape(operand: Operand, peer: DTensor, placements: Tuple[Placement, ...], traits: OpTraits, explicit: bool, mesh: Any) -> Tuple[int, ...]:
+    plain = operand.tensor
+    shape = list(plain.shape)
+    offset = peer.ndim - plain.ndim
+    sharded: Dict[int, int] = {}
+    for mesh_dim, placement in enumerate(placements):
+        dim = _shard_dim(placement, plain.ndim)
+        if dim is not None:
+            sharded[dim] = sharded.get(dim, 1) * mesh.size(mesh_dim)
+    for dim, shards in sharded.items():
+        peer_dim = dim + offset
+        peer_sharded_same = (
+            not explicit
+            and 0 <= peer_dim < peer.ndim
+            and plain.shape[dim] == peer._local_tensor.shape[peer_dim]
+        )
+        if peer_sharded_same:
+            # The peer's global size also covers uneven shards, which local * shards would not.
+            shape[dim] = peer.shape[peer_dim]
+        elif explicit:
+            shape[dim] = plain.shape[dim] * shards
+        else:
+            raise promotion_error(
+                traits.name,
+                f"under the 'local' rule dim {dim} of this operand is sharded like the DTensor's dim {peer_dim}, but "
+                f"its local size {plain.shape[dim]} differs from the DTensor's local size "
+                f"{tuple(peer._local_tensor.shape)[peer_dim] if 0 <= peer_dim < peer.ndim else '?'}, so the global "
+                "shape cannot be inferred",
+                operand_label=operand.label, operand=plain, peers=[peer],
+                advice="Give the global shape with a callable rule returning Decision('local', placements=..., shape=...).",
+            )
+    return tuple(shape)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _decide(call: MixedCall, rule: Any, traits: OpTraits) -> Dict[Tuple[Any, ...], Decision]:
+    where = f"rule for {traits.name}"
+    if callable(rule) and not isinstance(rule, (str, Decision)):
+        answer = rule(call)
+        if answer is None:
+            answer = _current_options().default
+            if callable(answer) and not isinstance(answer, (str, Decision)):
+                answer = answer(call)
+                if answer is None:
+                    answer = REPLICATE
+    else:
+        answer = rule
+    if isinstance(answer, (str, Decision)):
+        decision = as_decision(answer, where)
+        return {operand.position: decision for operand in call.plain}
+    if isinstance(answer, dict) or hasattr(answer, "keys"):
+        decisions = {}
+        for operand in call.plain:
+            if operand.position not in answer:  # type: ignore[operator]
+                raise promotion_error(traits.name, f"the callable rule's answer has no entry for {operand.label} "
+                                      f"(position {operand.position})", operand_label=operand.label, operand=operand.tensor)
+            decisions[operand.position] = as_decision(answer[operand.position], where)  # type: ignore[index]
+        return decisions
+    if isinstance(answer, (list, tuple)):
+        if len(answer) != len(call.plain):
+            raise MixedOperandError(f"{where}: the callable rule answered {len(answer)} decisions for "
+                                    f"{len(call.plain)} plain operands ({[o.label for o in call.plain]})")
+        return {operand.position: as_decision(value, where) for operand, value in zip(call.plain, answer)}
+    as_decision(answer, where)  # raises a TypeError naming the bad answer
+    raise AssertionError("unreachable")
+
+
+def build_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], operands: List[Operand]) -> MixedCall:
+    peers = tuple(o.tensor for o in operands if not o.is_plain)
+    meshes: List[Any] = []
+    for peer in peers:
+        mesh = peer.device_mesh  # type: ignore[attr-defined]
+        if not any(mesh == known for known in meshes):
+            meshes.append(mesh)
+    plain = tuple(o for o in operands if o.is_plain and o.tensor.numel() != 1)
+    return MixedCall(func, args, kwargs, tuple(operands), plain, peers, meshes[0] if len(meshes) == 1 else None, tuple(meshes))  # type: ignore[arg-type]
+
+
+def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """Entry point from the dispatch hook: promote, run, and fix up gradients."""
+    traits = op_traits(func)
+    if traits.foreach:
+        from ._foreach import foreach_call
+
+        return foreach_call(func, args, kwargs, traits)
+    new_args, new_kwargs, promoted = promote_operands(func, args, kwargs, traits)
+    return run_promoted(func, traits, new_args, new_kwargs, promoted)
+
+
+Promoted = List[Tuple[Operand, DTensor, Decision, Tuple[Placement, ...]]]
+
+
+def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits) -> Tuple[Tuple[Any, ...], Dict[str, Any], Promoted]:
+    operands = collect_operands(args, kwargs, traits)
+    call = build_call(func, args, kwargs, operands)
+    options = _current_options()
+    rule = registry.lookup(func)
+    if rule is None:
+        rule = options.default
+    decisions = _decide(call, rule, traits)
+    promoted: Promoted = []
+    replacements: Dict[Tuple[Any, ...], DTensor] = {}
+    for operand in call.plain:
+        decision = decisions[operand.position]
+        mesh = decision.mesh if decision.mesh is not None else call.mesh
+        peer = choose_peer(operand, call)
+        if decision.kind == ERROR:
+            raise promotion_error(traits.name, f"the rule for this op is 'error' (operand {operand.label})",
+                                  operand_label=operand.label, operand=operand.tensor, peers=call.peers)
+        if mesh is None:
+            raise promotion_error(
+                traits.name,
+                "its DTensor operands sit on different meshes ("
+                + "; ".join(describe_mesh(m) for m in call.meshes) + "), so there is no single mesh to promote to",
+                operand_label=operand.label, operand=operand.tensor, peers=call.peers,
+                advice="Put the DTensors on one mesh, or register a callable rule that returns Decision(..., mesh=...).",
+            )
+        if decision.kind == REPLICATE:
+            dtensor, placements = promote_whole(operand, peer, mesh, traits, decision)
+        else:
+            dtensor, placements = promote_local(operand, peer, mesh, traits, decision)
+        replacements[operand.position] = dtensor
+        promoted.append((operand, dtensor, decision, placements))
+    new_args, new_kwargs = _rebuild(args, kwargs, replacements)
+    return new_args, new_kwargs, promoted
+
+
+def run_promoted(func: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: Promoted) -> Any:
+    try:
+        result = func(*args, **kwargs)
+    except MixedOperandError:
+        raise
+    except Exception as exc:
+        described = "; ".join(f"{o.label} as {d.kind} {tuple(p)}" for o, _, d, p in promoted)
+        raise promotion_error(
+            traits.name,
+            f"after promoting the plain operand(s) ({described}) the op itself failed: {type(exc).__name__}: {exc}",
+            peers=[a for a in _dtensors(args, kwargs)][:4],
+            advice="If the op has no DTensor sharding strategy, register one with torch or convert the operands yourself.",
+        ) from exc
+    if _current_options().plain_grads:
+        for operand, _, decision, placements in promoted:
+            _grad.ensure_plain_grad(operand.tensor, decision.kind, placements, traits.name)
+    _stats.record(traits.name, [d.kind for _, _, d, _ in promoted])
+    return result
+
+
+def _dtensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[DTensor]:
+    found: List[DTensor] = []
+    for value in list(args) + list(kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found.extend(item for item in items if isinstance(item, DTensor))
+    return found
+
+
+def _rebuild(args: Tuple[Any, ...], kwargs: Dict[str, Any], replacements: Dict[Tuple[Any, ...], DTensor]) -> Rebuilt:
+    new_args = list(args)
+    new_kwargs = dict(kwargs)
+    lists: Dict[Any, List[Any]] = {}
+    for position, value in replacements.items():
+        head = position[0]
+        container: Any = new_args if isinstance(head, int) else new_kwargs
+        if len(position) == 1:
+            container[head] = value
+        else:
+            if head not in lists:
+                original = container[head]
+                lists[head] = list(original)
+            lists[head][position[1]] = value
+    for head, items in lists.items():
+        container = new_args if isinstance(head, int) else new_kwargs
+        original = container[head]
+        container[head] = tuple(items) if isinstance(original, tuple) else items
+    return tuple(new_args), new_kwargs

@@ -1,0 +1,245 @@
+"""Run a function on a small CPU mesh (gloo on 127.0.0.1) and get every rank's result.
+
+    from keras_dtensor_mixfix.testing import run_on_ranks, mesh
+
+    def step(scale):
+        m = mesh()                      # 1-D mesh over all ranks, cached in the worker
+        ...
+        return value                    # anything picklable
+
+    results = run_on_ranks(step, 2.0, world_size=2)   # [rank0_value, rank1_value]
+
+Worker processes are started once per world size and reused by later calls, so a test suite
+pays the start-up cost once. If any rank raises, :class:`RankError` carries the lowest failing
+rank's exception type, message and traceback; the workers are then restarted (ranks that
+raised at different points could otherwise be out of step). The function and its arguments
+must be picklable: define it at module level.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import multiprocessing
+import os
+import queue
+import socket
+import threading
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RankError", "run_on_ranks", "mesh", "rank", "world_size", "shutdown_workers"]
+
+LOOPBACK = "127.0.0.1"
+
+
+class RankError(RuntimeError):
+    """A function run by :func:`run_on_ranks` raised (or timed out) on at least one rank."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str,
+                 failures: Optional[Dict[int, Tuple[str, str, str]]] = None) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.failures = failures or {}
+        others = sorted(set(self.failures) - {rank})
+        extra = f" (ranks {others} failed too)" if others else ""
+        super().__init__(f"rank {rank} raised {exc_type}: {message}{extra}\n--- traceback on rank {rank} ---\n{remote_traceback}")
+
+
+# ----------------------------------------------------------------------------- worker side
+
+_worker_meshes: Dict[Tuple[Any, ...], Any] = {}
+
+
+def rank() -> int:
+    """This worker's global rank."""
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def world_size() -> int:
+    """Number of ranks in this worker's process group."""
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def mesh(shape: Optional[Sequence[int]] = None, names: Optional[Sequence[str]] = None) -> Any:
+    """A CPU ``DeviceMesh`` over all ranks (1-D by default), built once per worker and cached."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = tuple(shape) if shape is not None else (world_size(),)
+    key = (shape, tuple(names) if names else None)
+    found = _worker_meshes.get(key)
+    if found is None:
+        found = init_device_mesh("cpu", shape, mesh_dim_names=key[1])
+        _worker_meshes[key] = found
+    return found
+
+
+def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, parent_pid: int) -> None:
+    os.environ["MASTER_ADDR"] = LOOPBACK
+    os.environ["MASTER_PORT"] = str(port)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # several ranks share two cores
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank, world_size=size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    results.put(("ready", rank, True, None))
+    while True:
+        try:
+            task = tasks.get(timeout=2.0)
+        except queue.Empty:
+            if not _alive(parent_pid):
+                break
+            continue
+        if task is None:
+            break
+        task_id, fn, args, kwargs = task
+        try:
+            value = fn(*args, **kwargs)
+            results.put((task_id, rank, True, value))
+        except BaseException as exc:  # report everything, including SystemExit, to the parent
+            results.put((task_id, rank, False, (type(exc).__qualname__, str(exc), traceback.format_exc())))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+class _Pool:
+    def __init__(self, size: int, start_timeout: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.size = size
+        self.results = context.Queue()
+        self.tasks = [context.Queue() for _ in range(size)]
+        port = _free_port()
+        env_backup = os.environ.get("GLOO_SOCKET_IFNAME")
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's traffic on the loopback interface
+        try:
+            self.processes = [
+                context.Process(target=_worker_main, args=(r, size, port, self.tasks[r], self.results, os.getpid()),
+                                name=f"mixfix-rank{r}-of{size}", daemon=False)
+                for r in range(size)
+            ]
+            for process in self.processes:
+                process.start()
+        finally:
+            if env_backup is None:
+                os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            else:
+                os.environ["GLOO_SOCKET_IFNAME"] = env_backup
+        self._counter = 0
+        ready = set()
+        while len(ready) < size:
+            try:
+                _, r, _, _ = self.results.get(timeout=start_timeout)
+            except queue.Empty:
+                self.close()
+                raise RuntimeError(f"{size} CPU ranks did not start within {start_timeout}s") from None
+            ready.add(r)
+
+    def healthy(self) -> bool:
+        return all(process.is_alive() for process in self.processes)
+
+    def run(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], timeout: float) -> List[Any]:
+        self._counter += 1
+        task_id = self._counter
+        for task_queue in self.tasks:
+            task_queue.put((task_id, fn, args, kwargs))
+        values: Dict[int, Any] = {}
+        failures: Dict[int, Tuple[str, str, str]] = {}
+        while len(values) + len(failures) < self.size:
+            try:
+                got_id, r, ok, payload = self.results.get(timeout=timeout)
+            except queue.Empty:
+                missing = sorted(set(range(self.size)) - set(values) - set(failures))
+                if failures:
+                    break  # the others are most likely stuck in a collective the failed rank never joined
+                raise RankError(missing[0], "TimeoutError", f"no result from ranks {missing} within {timeout}s", "",
+                                {m: ("TimeoutError", "", "") for m in missing})
+            if got_id != task_id:
+                continue  # a late answer from a task that timed out
+            if ok:
+                values[r] = payload
+            else:
+                failures[r] = payload
+        if failures:
+            first = min(failures)
+            exc_type, message, remote_tb = failures[first]
+            raise RankError(first, exc_type, message, remote_tb, failures)
+        return [values[r] for r in range(self.size)]
+
+    def close(self) -> None:
+        for task_queue in self.tasks:
+            try:
+                task_queue.put(None)
+            except Exception:
+                pass
+        for process in self.processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+
+
+_pools: Dict[int, _Pool] = {}
+_pools_lock = threading.Lock()
+
+
+def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 300.0,
+                 start_timeout: float = 120.0, **kwargs: Any) -> List[Any]:
+    """Call ``fn(*args, **kwargs)`` on every rank of a ``world_size``-process gloo group on 127.0.0.1.
+
+    Returns the per-rank return values, rank 0 first. Raises :class:`RankError` with the
+    lowest failing rank's traceback if any rank raised or did not answer within ``timeout``.
+    """
+    with _pools_lock:
+        pool = _pools.get(world_size)
+        if pool is None or not pool.healthy():
+            if pool is not None:
+                pool.close()
+            pool = _pools[world_size] = _Pool(world_size, start_timeout)
+        try:
+            return pool.run(fn, args, kwargs, timeout)
+        except RankError:
+            pool.close()
+            del _pools[world_size]
+            raise
+
+
+def shutdown_workers() -> None:
+    """Stop every worker process started by :func:`run_on_ranks`."""
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+atexit.register(shutdown_workers)

@@ -1,0 +1,261 @@
+"""Lifecycle, registry and option validation: single process, no process group needed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+import keras_dtensor_mixfix as mf
+from keras_dtensor_mixfix import Decision, register_rule
+from keras_dtensor_mixfix._registry import registry
+
+
+def _dtensor_rules() -> dict:
+    """Every (op qualname -> rule) torch currently has registered for the DTensor class."""
+    from torch._library import simple_registry
+
+    found = {}
+    for qualname, entry in simple_registry.singleton._data.items():
+        rule = entry.torch_dispatch_rules.find(DTensor)
+        if rule is not None:
+            found[qualname] = rule
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    assert not mf.is_patched(), "a previous test leaked a patch"
+    yield
+    while mf.is_patched():
+        mf.unpatch()
+
+
+def test_patch_unpatch_lifecycle_including_repeats(caplog):
+    caplog.set_level(logging.INFO, logger="keras_dtensor_mixfix")
+    before = _dtensor_rules()
+    mf.unpatch()  # unpatch before patch: harmless, logged
+    assert "not patched" in caplog.text
+    mf.patch()
+    assert mf.is_patched()
+    hooked = _dtensor_rules()
+    assert len(hooked) > len(before) + 1000  # every op with two tensor inputs
+    assert "aten::mul.Tensor" in hooked and "aten::mm" in hooked and "aten::_foreach_add_.List" in hooked
+    assert "aten::relu" not in hooked  # one tensor input: cannot mix, never pays
+    mf.patch()  # twice: harmless, logged
+    assert "already patched" in caplog.text
+    assert _dtensor_rules() == hooked
+    mf.unpatch()
+    mf.unpatch()
+    assert not mf.is_patched()
+    assert _dtensor_rules() == before
+
+
+def test_patched_nests_and_restores_outer_state_even_on_error():
+    with mf.patched(default="local"):
+        assert mf.current_options().default == "local"
+        with pytest.raises(ZeroDivisionError):
+            with mf.patched(default="error"):
+                assert mf.current_options().default == "error"
+                1 / 0
+        assert mf.is_patched() and mf.current_options().default == "local"
+        with mf.patched():
+            assert mf.current_options().default == "local"  # options not given are inherited
+        assert mf.is_patched()
+    assert not mf.is_patched()
+    assert mf.current_options().default == "replicate"
+
+
+def test_patched_inside_patch_leaves_patch_in_place():
+    mf.patch()
+    with mf.patched(default="local"):
+        pass
+    assert mf.is_patched() and mf.current_options().default == "replicate"
+
+
+def test_inner_unpatch_is_undone_by_outer_block_exit():
+    with mf.patched(default="local"):
+        mf.unpatch()
+        assert not mf.is_patched()
+    # the block was entered unpatched, so it leaves torch unpatched
+    assert not mf.is_patched()
+    mf.patch()
+    with mf.patched():
+        mf.unpatch()
+    assert mf.is_patched()  # the outer state (patched) is restored
+
+
+def test_unknown_or_bad_options_raise_and_leave_nothing_patched():
+    before = _dtensor_rules()
+    with pytest.raises(TypeError, match="unknown option"):
+        mf.patch(defualt="local")
+    with pytest.raises(ValueError, match="unknown rule"):
+        mf.patch(default="replicated")
+    with pytest.raises(TypeError, match="rule must be"):
+        mf.patch(default=42)
+    with pytest.raises(TypeError, match="plain_grads"):
+        mf.patch(plain_grads="yes")
+    assert not mf.is_patched()
+    assert _dtensor_rules() == before
+
+
+def test_register_rule_accepts_every_op_spelling_and_newest_wins():
+    mm = torch.ops.aten.mm.default
+    assert registry.lookup(mm) is None
+    h1 = register_rule(mm, "local")
+    h2 = register_rule("aten::mm.default", "error")
+    h3 = register_rule("aten.mm.default", "replicate")
+    h4 = register_rule(torch.ops.aten.mm, Decision("local"))
+    h5 = register_rule("aten::mm", "error")
+    try:
+        assert registry.lookup(mm) == "error"
+        h5.remove()
+        assert registry.lookup(mm) == Decision("local")
+        h4.remove()
+        assert registry.lookup(mm) == "replicate"
+        h2.remove()  # removing one in the middle leaves the newest in force
+        assert registry.lookup(mm) == "replicate"
+        h3.remove()
+        assert registry.lookup(mm) == "local"
+        h3.remove()  # twice: harmless
+        assert registry.lookup(mm) == "local"
+    finally:
+        for handle in (h1, h2, h3, h4, h5):
+            handle.remove()
+    assert registry.lookup(mm) is None
+    assert not h1.active
+
+
+def test_packet_registration_covers_every_overload():
+    with register_rule(torch.ops.aten.add, "local"):
+        assert registry.lookup(torch.ops.aten.add.Tensor) == "local"
+        assert registry.lookup(torch.ops.aten.add.Scalar) == "local"
+    assert registry.lookup(torch.ops.aten.add.Tensor) is None
+
+
+@pytest.mark.parametrize(
+    "op, error",
+    [
+        ("aten::no_such_op", ValueError),
+        ("aten::mm.no_such_overload", ValueError),
+        ("nonsense", ValueError),
+        (3, TypeError),
+        (torch.mm, TypeError),
+    ],
+)
+def test_register_rule_rejects_ops_that_do_not_exist(op, error):
+    with pytest.raises(error):
+        register_rule(op, "replicate")
+
+
+@pytest.mark.parametrize("rule", ["Replicate", "", 1.5, None, ["local"]])
+def test_register_rule_rejects_bad_rules(rule):
+    with pytest.raises((TypeError, ValueError)):
+        register_rule("aten::mm.default", rule)
+    assert registry.lookup(torch.ops.aten.mm.default) is None
+
+
+def test_rules_survive_unpatch_and_apply_after_repatch():
+    handle = register_rule("aten::mul.Tensor", "local")
+    try:
+        mf.patch()
+        mf.unpatch()
+        assert registry.lookup(torch.ops.aten.mul.Tensor) == "local"
+    finally:
+        handle.remove()
+
+
+def test_unpatch_leaves_a_rule_someone_else_put_on_top():
+    from torch._library import simple_registry
+
+    holder = simple_registry.singleton.find("aten::mul.Tensor").torch_dispatch_rules
+    mf.patch()
+    assert holder.find(DTensor) is not None
+    # another library replaces our rule for one op
+    holder._data[DTensor] = lambda *a: NotImplemented
+    theirs = holder._data[DTensor]
+    try:
+        mf.unpatch()
+        assert holder.find(DTensor) is theirs
+    finally:
+        holder._data.pop(DTensor, None)
+
+
+def test_a_foreign_rule_present_before_patch_is_left_alone():
+    lib = torch.library.Library("aten", "FRAGMENT")
+    theirs = lambda cls, func, types, args, kwargs: NotImplemented  # noqa: E731
+    torch.library.register_torch_dispatch("aten::sub.Tensor", DTensor, theirs, lib=lib)
+    try:
+        mf.patch()
+        assert _dtensor_rules()["aten::sub.Tensor"] is theirs
+        mf.unpatch()
+        assert _dtensor_rules()["aten::sub.Tensor"] is theirs
+    finally:
+        lib._destroy()
+    assert "aten::sub.Tensor" not in _dtensor_rules()
+
+
+def test_compile_cache_tag_is_set_while_patched_and_restored():
+    config = torch.compiler.config
+    original = config.cache_key_tag
+    config.cache_key_tag = "user-tag"
+    try:
+        mf.patch()
+        tag_default = config.cache_key_tag
+        assert tag_default.startswith("user-tag|keras_dtensor_mixfix:")
+        with register_rule("aten::mul.Tensor", "local"):
+            assert config.cache_key_tag != tag_default  # a rule change must not reuse cached graphs
+        assert config.cache_key_tag == tag_default
+        mf.patch(default="local")
+        assert config.cache_key_tag != tag_default
+        mf.unpatch()
+        assert config.cache_key_tag == "user-tag"
+    finally:
+        config.cache_key_tag = original
+
+
+def test_sharding_cache_cleared_on_unpatch(monkeypatch):
+    calls = []
+    real = torch._C._clear_DTensor_sharding_propagator_cache
+    monkeypatch.setattr(torch._C, "_clear_DTensor_sharding_propagator_cache", lambda: calls.append(1) or real())
+    mf.patch()
+    mf.unpatch()
+    assert calls
+
+
+def test_patch_state_is_thread_safe_under_concurrent_toggling():
+    before = _dtensor_rules()
+    errors = []
+
+    def toggle(n):
+        try:
+            for _ in range(n):
+                mf.patch()
+                mf.unpatch()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=toggle, args=(15,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    # Whatever the interleaving, every patch was undone and nothing leaked.
+    assert not mf.is_patched()
+    assert _dtensor_rules() == before
+
+
+def test_import_does_not_import_torch_distributed():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import keras_dtensor_mixfix; "
+        "print('torch.distributed.tensor' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
