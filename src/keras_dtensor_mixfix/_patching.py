@@ -74,6 +74,9 @@ def patch(**options: Any) -> None:
             raise
         _options = new_options
         _interceptor = installed
+        from ._stats import reset_stats
+
+        reset_stats()  # stats() counts since this patch()
         registry.clear_cache()
         _tag_compile_caches()
         log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)

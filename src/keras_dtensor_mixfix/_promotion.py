@@ -17,6 +17,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._redistribute import redistribute_local_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _grad, _stats
 from ._grad import is_traced
@@ -119,8 +120,9 @@ _SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
 
 
 def clear_caches() -> None:
-    """Forget cached slicing decisions (called by unpatch)."""
+    """Forget cached slicing decisions and local readings (called by unpatch)."""
     _SLICE_CACHE.clear()
+    _LOCAL_MEMO.clear()
 
 
 def _local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
@@ -214,6 +216,12 @@ def _choose_whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits:
 def promote_local(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[DTensor, Tuple[Placement, ...]]:
     """``"local"``: ``operand`` is this rank's piece; placements follow the peer's."""
     plain = operand.tensor
+    memo = _LOCAL_MEMO.get(plain)
+    if memo is not None and memo[0] == mesh and decision.placements is None and decision.shape is None:
+        # Already read as this rank's piece (e.g. in forward, now in backward against a gradient
+        # with other placements): a tensor is one piece of one global tensor, so reuse that reading.
+        _, placements, shape = memo
+        return _wrap(plain, mesh, placements, shape, _contiguous_stride(shape), plain.dtype), placements
     if decision.placements is not None:
         placements = tuple(decision.placements)
     else:
@@ -239,7 +247,12 @@ def promote_local(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, 
             advice=f"Wrap it yourself, differentiably: DTensor.from_local(x, mesh, {list(placements)}) (its .grad is "
                    "then this rank's piece), or detach it if it needs no gradient.",
         )
+    _LOCAL_MEMO[plain] = (mesh, placements, shape)
     return _wrap(plain, mesh, placements, shape, _contiguous_stride(shape), plain.dtype), placements
+
+
+# tensor -> (mesh, placements, global shape) of its "local" reading; weak, cleared by unpatch().
+_LOCAL_MEMO: Any = WeakIdKeyDictionary()
 
 
 def _mapped_local_placements(plain: torch.Tensor, peer: DTensor) -> Tuple[Placement, ...]:
