@@ -11,10 +11,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Replicate
 
 from ._ops import OpTraits
-from ._promotion import _wrap, promote_operands, run_promoted
+from ._promotion import promote_operands, run_promoted
 
 
 def _list_positions(func: Any, args: Tuple[Any, ...]) -> List[int]:
@@ -55,14 +54,27 @@ def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], trait
         if mesh is None:
             out = func(*sub_args, **kwargs)
         else:
-            for position in per_row:
-                tensor = sub_args[position]
-                sub_args[position] = _wrap(tensor, mesh, (Replicate(),) * mesh.ndim, tuple(tensor.shape),
-                                           tensor.stride(), tensor.dtype)
-            new_args, new_kwargs, promoted = promote_operands(func, tuple(sub_args), kwargs, traits)
-            out = run_promoted(func, traits, new_args, new_kwargs, promoted)
+            call_func = func
+            if per_row:
+                call_func = _scalar_list_overload(func)
+                for position in per_row:
+                    # DTensor's foreach strategies take per-row scalars only as numbers (they must
+                    # live on the CPU anyway): the ScalarList overload is the same computation.
+                    sub_args[position] = sub_args[position].tolist()
+            new_args, new_kwargs, promoted = promote_operands(call_func, tuple(sub_args), kwargs, traits)
+            out = run_promoted(call_func, traits, new_args, new_kwargs, promoted)
         if isinstance(out, (list, tuple)):
             returned_list = True
             for index, value in zip(indices, out):
                 results[index] = value
     return results if returned_list else None
+
+
+def _scalar_list_overload(func: Any) -> Any:
+    packet = getattr(getattr(torch.ops, func.namespace), func._schema.name.split("::")[1])
+    overload = getattr(packet, "ScalarList", None)
+    if overload is None:
+        from ._errors import promotion_error
+
+        raise promotion_error(str(func), "a per-row tensor of scalars has no ScalarList form for DTensor operands")
+    return overload
