@@ -24,7 +24,9 @@ import logging
 import multiprocessing
 import os
 import queue
+import shutil
 import socket
+import tempfile
 import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -140,8 +142,16 @@ class _Pool:
         self.results = context.Queue()
         self.tasks = [context.Queue() for _ in range(size)]
         port = _free_port()
-        env_backup = os.environ.get("GLOO_SOCKET_IFNAME")
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's traffic on the loopback interface
+        # Keep gloo's traffic on the loopback interface, and give the workers a compile cache of
+        # their own: torch.compile's on-disk caches key DTensor graphs without the process-group
+        # names baked into their collectives, so a graph cached by another run can name a group
+        # that does not exist (or is another one) here.
+        self._cache_dir = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="mixfix-inductor-")
+        overrides = {"GLOO_SOCKET_IFNAME": "lo"}
+        if self._cache_dir is not None:
+            overrides["TORCHINDUCTOR_CACHE_DIR"] = self._cache_dir
+        env_backup = {name: os.environ.get(name) for name in overrides}
+        os.environ.update(overrides)
         try:
             self.processes = [
                 context.Process(target=_worker_main, args=(r, size, port, self.tasks[r], self.results, os.getpid()),
@@ -151,10 +161,11 @@ class _Pool:
             for process in self.processes:
                 process.start()
         finally:
-            if env_backup is None:
-                os.environ.pop("GLOO_SOCKET_IFNAME", None)
-            else:
-                os.environ["GLOO_SOCKET_IFNAME"] = env_backup
+            for name, value in env_backup.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         self._counter = 0
         ready = set()
         while len(ready) < size:
@@ -207,6 +218,8 @@ class _Pool:
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)
+        if self._cache_dir is not None:
+            shutil.rmtree(self._cache_dir, ignore_errors=True)
 
 
 _pools: Dict[int, _Pool] = {}
