@@ -19,21 +19,19 @@ log = logging.getLogger("keras_dtensor_mixfix")
 _lock = threading.RLock()
 _interceptor: Optional[Any] = None
 _options: Options = Options()
-_base_options: Options = Options()
 _tag_before: Optional[str] = None
 _tag_ours: Optional[str] = None
 
 
 def current_options() -> Options:
-    """The options in force (while patched) or that the next ``patch()`` starts from."""
-    return _options
+    """The options in force while patched (defaults, with environment overrides, when not)."""
+    return _options if _interceptor is not None else _base_options()
 
 
-def set_base_options(options: Options) -> None:
-    """Options ``patch()`` starts from (environment configuration sets these)."""
-    global _base_options
-    with _lock:
-        _base_options = options
+def _base_options() -> Options:
+    from ._env import options_from_env
+
+    return options_from_env()[0]
 
 
 def is_patched() -> bool:
@@ -62,7 +60,10 @@ def patch(**options: Any) -> None:
             else:
                 log.info("keras_dtensor_mixfix already patched; nothing to do")
             return
-        new_options = _base_options.updated(**options)  # validate before touching torch
+        new_options = _base_options().updated(**options)  # validate before touching torch
+        from ._packs import load_packs
+
+        load_packs()  # rule packs load lazily, once per process
         from ._intercept import DispatchRuleInterceptor
         from ._promotion import promote_call
 
@@ -92,7 +93,7 @@ def unpatch() -> None:
         installed = _interceptor
         _interceptor = None
         installed.remove()
-        _options = _base_options
+        _options = Options()
         _clear_caches()
         _untag_compile_caches()
         log.debug("keras_dtensor_mixfix unpatched")
@@ -144,7 +145,7 @@ def patched(**options: Any) -> Iterator[None]:
     """
     with _lock:
         was_patched = is_patched()
-        previous = _options
+        previous = current_options()
         if was_patched:
             _set_options(previous.updated(**options))
         else:

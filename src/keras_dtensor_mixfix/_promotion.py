@@ -116,6 +116,18 @@ def _broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
     return True
 
 
+def _per_operand(value: Any, call: MixedCall, where: str) -> Decision:
+    """One operand's answer; None means "what the default rule says"."""
+    if value is not None:
+        return as_decision(value, where)
+    default = _current_options().default
+    if callable(default) and not isinstance(default, (str, Decision)):
+        default = default(call)
+    if default is None or not isinstance(default, (str, Decision)):
+        default = REPLICATE
+    return as_decision(default, where)
+
+
 _SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
 
 
@@ -333,13 +345,13 @@ def _decide(call: MixedCall, rule: Any, traits: OpTraits) -> Dict[Tuple[Any, ...
             if operand.position not in answer:  # type: ignore[operator]
                 raise promotion_error(traits.name, f"the callable rule's answer has no entry for {operand.label} "
                                       f"(position {operand.position})", operand_label=operand.label, operand=operand.tensor)
-            decisions[operand.position] = as_decision(answer[operand.position], where)  # type: ignore[index]
+            decisions[operand.position] = _per_operand(answer[operand.position], call, where)  # type: ignore[index]
         return decisions
     if isinstance(answer, (list, tuple)):
         if len(answer) != len(call.plain):
             raise MixedOperandError(f"{where}: the callable rule answered {len(answer)} decisions for "
                                     f"{len(call.plain)} plain operands ({[o.label for o in call.plain]})")
-        return {operand.position: as_decision(value, where) for operand, value in zip(call.plain, answer)}
+        return {operand.position: _per_operand(value, call, where) for operand, value in zip(call.plain, answer)}
     as_decision(answer, where)  # raises a TypeError naming the bad answer
     raise AssertionError("unreachable")
 

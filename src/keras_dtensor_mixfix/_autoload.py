@@ -1,0 +1,106 @@
+"""Auto-activation, run by ``import torch`` through the ``torch.backends`` entry point.
+
+It runs while torch is still importing, so it stays tiny, never raises, and does not import
+``torch.distributed``: it patches when ``torch.distributed.tensor`` is first imported (at once if
+it already is). ``KERAS_DTENSOR_MIXFIX=0`` turns it off; it is read again at that moment, so
+setting it any time before DTensor is imported is enough.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+import threading
+from typing import Any, Optional, Sequence
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+TARGET = "torch.distributed.tensor"
+
+state = "not activated"
+"""What auto-activation did: for ``doctor``."""
+
+_lock = threading.Lock()
+
+
+def activate() -> None:
+    """Entry point for the ``torch.backends`` group; must never raise."""
+    global state
+    try:
+        from ._env import auto_activation_enabled
+
+        if not auto_activation_enabled():
+            state = "disabled by KERAS_DTENSOR_MIXFIX"
+            return
+        if TARGET in sys.modules:
+            _patch_now()
+            return
+        with _lock:
+            if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+                sys.meta_path.insert(0, _PatchOnImport())
+        state = f"waiting for the first import of {TARGET}"
+    except BaseException as exc:  # noqa: BLE001 - never break `import torch`
+        state = f"failed: {type(exc).__name__}: {exc}"
+        try:
+            log.warning("keras_dtensor_mixfix: auto-activation failed and is off: %s", state)
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def _patch_now() -> None:
+    global state
+    try:
+        from ._env import auto_activation_enabled
+
+        if not auto_activation_enabled():
+            state = "disabled by KERAS_DTENSOR_MIXFIX"
+            return
+        from ._patching import is_patched, patch
+
+        if not is_patched():
+            patch()
+        state = f"patched when {TARGET} was imported"
+    except BaseException as exc:  # noqa: BLE001 - a failure here must not break the user's import
+        state = f"failed: {type(exc).__name__}: {exc}"
+        log.warning("keras_dtensor_mixfix: auto-activation could not patch: %s", state)
+
+
+def _remove_finder() -> None:
+    with _lock:
+        sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _PatchOnImport)]
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the loader of ``torch.distributed.tensor`` to patch after it runs."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Any = None) -> Any:
+        if fullname != TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchAfterExec(spec.loader)
+        return spec
+
+
+class _PatchAfterExec(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        _remove_finder()
+        self._loader.exec_module(module)
+        _patch_now()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

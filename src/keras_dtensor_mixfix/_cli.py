@@ -1,0 +1,173 @@
+"""``python -m keras_dtensor_mixfix doctor|demo``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Dict, List, Optional, TextIO
+
+import torch
+
+
+def _write(out: TextIO, text: str = "") -> None:
+    out.write(text + "\n")
+
+
+def _describe_rule(rule: Any) -> str:
+    if isinstance(rule, str):
+        return repr(rule)
+    name = getattr(rule, "__qualname__", None)
+    return f"{getattr(rule, '__module__', '?')}.{name}" if name else repr(rule)
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def doctor(out: TextIO = sys.stdout) -> int:
+    import keras_dtensor_mixfix as mf
+
+    from . import _autoload, _env, _intercept, _packs
+    from ._patching import interceptor
+    from ._registry import registry
+
+    _write(out, f"keras_dtensor_mixfix {mf.__version__}")
+    _write(out, f"python {sys.version.split()[0]}; torch {torch.__version__}; {_keras_version()}")
+
+    _write(out, "\ninterception")
+    available = hasattr(torch.library, "register_torch_dispatch")
+    _write(out, f"  mechanism: {_intercept.MECHANISM}: {_intercept.MECHANISM_DESCRIPTION}")
+    _write(out, f"  available on this torch: {'yes' if available else 'no (needs torch >= 2.5)'}")
+    _write(out, "  why: since torch 2.10 base DTensor ops run through a C++ fast path that raises the mixed-operand "
+                "error itself, so wrapping DTensor.__torch_dispatch__ intercepts nothing; per-op dispatch rules are "
+                "consulted before that path")
+    installed = interceptor()
+    if installed is None:
+        _write(out, "  live: no (not patched)")
+    else:
+        live = installed.owns("aten::mul.Tensor")
+        _write(out, f"  live: {'yes' if live else 'NO'} ({installed.hooked_ops} ops hooked; our rule on aten::mul.Tensor: "
+                    f"{'present' if live else 'missing'})")
+        for qualname, why in sorted(installed.skipped.items())[:10]:
+            _write(out, f"  skipped {qualname}: {why}")
+
+    _write(out, "\nauto-activation")
+    _write(out, f"  torch.backends entry point installed: {'yes' if _entry_point_installed() else 'no'}")
+    _write(out, f"  {_env.ENABLE}={os.environ.get(_env.ENABLE, '<unset>')} -> "
+                f"{'enabled' if _env.auto_activation_enabled() else 'disabled'}")
+    _write(out, f"  TORCH_DEVICE_BACKEND_AUTOLOAD={os.environ.get('TORCH_DEVICE_BACKEND_AUTOLOAD', '<unset>')}")
+    _write(out, f"  state: {_autoload.state}")
+
+    options, sources = _env.options_from_env()
+    effective = mf.current_options()
+    _write(out, "\noptions (effective)")
+    for name, value in effective.as_dict().items():
+        origin = f"from {sources[name]}" if name in sources else "default" if getattr(options, name) == value else "set by patch()"
+        shown = _describe_rule(value) if name == "default" else repr(value)
+        _write(out, f"  {name} = {shown}  ({origin})")
+
+    _write(out, "\nrule packs")
+    for record in _packs.load_packs():
+        extra = f": {record.error}" if record.error else f", {len(record.rules)} rule(s)"
+        _write(out, f"  {record.name} [{record.status}] from {record.origin}{extra}")
+
+    _write(out, "\nrules (newest last; the newest for an op wins)")
+    entries = registry.entries()
+    if not entries:
+        _write(out, "  none")
+    for entry in entries:
+        _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}")
+    return 0
+
+
+def _keras_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"keras {version('keras')} (backend {os.environ.get('KERAS_BACKEND', 'default')})"
+    except Exception:  # noqa: BLE001
+        return "keras not installed"
+
+
+def _entry_point_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value.startswith("keras_dtensor_mixfix") for ep in entry_points(group="torch.backends"))
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def demo_rank() -> Dict[str, Any]:
+    """Run on each rank: the real error unpatched, the right answer patched, checked against plain torch."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import keras_dtensor_mixfix as mf
+    from keras_dtensor_mixfix.testing import mesh
+
+    while mf.is_patched():  # show torch's own behaviour first, whatever auto-activation did
+        mf.unpatch()
+    device_mesh = mesh()
+    torch.manual_seed(0)
+    weight, batch, labels = torch.randn(6, 8), torch.randn(4, 8), torch.randint(0, 6, (4,))
+    sharded = distribute_tensor(weight, device_mesh, [Shard(0)]).requires_grad_()
+    result: Dict[str, Any] = {}
+    try:
+        F.linear(batch, sharded)
+        result["unpatched"] = "no error"
+    except RuntimeError as exc:
+        result["unpatched"] = str(exc).split("!")[0] + "!"
+    with mf.patched():
+        logits = F.linear(batch, sharded)  # plain batch, sharded weight
+        loss = F.cross_entropy(logits, labels)  # plain labels
+        loss.backward()
+        result["stats"] = mf.stats()
+    reference_weight = weight.clone().requires_grad_()
+    reference = F.cross_entropy(F.linear(batch, reference_weight), labels)
+    reference.backward()
+    result["loss"] = float(loss.detach().full_tensor())
+    result["reference_loss"] = float(reference.detach())
+    result["grad_max_diff"] = float((sharded.grad.full_tensor() - reference_weight.grad).abs().max())
+    result["placements"] = str(tuple(sharded.grad.placements))
+    return result
+
+
+def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
+    from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers
+
+    _write(out, f"starting {world_size} CPU processes (gloo on 127.0.0.1)...")
+    try:
+        results = run_on_ranks(demo_rank, world_size=world_size)
+    finally:
+        shutdown_workers()
+    first = results[0]
+    _write(out, "\nwithout keras_dtensor_mixfix:")
+    _write(out, f"  F.linear(plain_batch, sharded_weight) -> RuntimeError: {first['unpatched']}")
+    _write(out, "\nwith keras_dtensor_mixfix.patched():")
+    ok = True
+    for rank, result in enumerate(results):
+        loss_ok = abs(result["loss"] - result["reference_loss"]) <= 1e-5 * max(1.0, abs(result["reference_loss"]))
+        grad_ok = result["grad_max_diff"] <= 1e-5
+        ok = ok and loss_ok and grad_ok
+        _write(out, f"  rank {rank}: loss {result['loss']:.6f} (single-process reference {result['reference_loss']:.6f}), "
+                    f"weight grad max diff {result['grad_max_diff']:.1e}, grad placements {result['placements']} "
+                    f"-> {'OK' if loss_ok and grad_ok else 'MISMATCH'}")
+    _write(out, "\npromoted ops (rank 0): op -> decision: count")
+    for op, decisions in sorted(first["stats"].items()):
+        _write(out, f"  {op} -> " + ", ".join(f"{kind}: {count}" for kind, count in sorted(decisions.items())))
+    _write(out, "\nresult: " + ("values and gradients equal the single-process reference" if ok else "MISMATCH"))
+    return 0 if ok else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m keras_dtensor_mixfix",
+                                     description="Diagnostics and a demo for keras_dtensor_mixfix.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("doctor", help="versions, interception mechanism, auto-activation, options, packs, rules")
+    demo_parser = commands.add_parser("demo", help="2-process CPU run: the mixed-operand error, then the fix")
+    demo_parser.add_argument("--world-size", type=int, default=2, choices=(2, 4))
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor()
+    return demo(world_size=args.world_size)

@@ -1,0 +1,77 @@
+"""Configuration from environment variables; a malformed value warns and falls back, never raises."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:
+    from ._options import Options
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+ENABLE = "KERAS_DTENSOR_MIXFIX"
+"""``0``/``false``/``off``/``no`` turns auto-activation off (default: on)."""
+PREFIX = "KERAS_DTENSOR_MIXFIX_"
+"""``KERAS_DTENSOR_MIXFIX_<OPTION>`` sets a ``patch()`` option, e.g. ``KERAS_DTENSOR_MIXFIX_DEFAULT=local``."""
+DISABLE_PACKS = "KERAS_DTENSOR_MIXFIX_DISABLE_PACKS"
+"""Comma-separated names of rule packs not to load (``*`` for all third-party packs)."""
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_NOT_OPTIONS = {DISABLE_PACKS}
+
+
+def _parse_bool(name: str, raw: str) -> Optional[bool]:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    log.warning("keras_dtensor_mixfix: ignoring %s=%r: expected one of %s", name, raw, sorted(_TRUE | _FALSE))
+    return None
+
+
+def auto_activation_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    raw = environ.get(ENABLE)
+    if raw is None or raw.strip() == "":
+        return True
+    parsed = _parse_bool(ENABLE, raw)
+    return True if parsed is None else parsed
+
+
+def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options", dict]:
+    """Options with environment overrides applied, and ``{option: variable}`` for those that were."""
+    from ._options import Options
+
+    options = Options()
+    fields = {field.name: field for field in dataclasses.fields(Options)}
+    sources = {}
+    for name, raw in environ.items():
+        if not name.startswith(PREFIX) or name in _NOT_OPTIONS:
+            continue
+        option = name[len(PREFIX):].lower()
+        if option not in fields:
+            log.warning("keras_dtensor_mixfix: ignoring unknown variable %s; known: %s", name,
+                        ", ".join(PREFIX + f.upper() for f in fields) + ", " + DISABLE_PACKS)
+            continue
+        current = getattr(options, option)
+        value: object = raw.strip()
+        if isinstance(current, bool):
+            value = _parse_bool(name, raw)
+            if value is None:
+                continue
+        try:
+            options = options.updated(**{option: value})
+        except (TypeError, ValueError) as exc:
+            log.warning("keras_dtensor_mixfix: ignoring %s=%r (%s); using %s=%r", name, raw, exc, option, current)
+            continue
+        sources[option] = name
+    return options, sources
+
+
+def disabled_packs(environ: Mapping[str, str] = os.environ) -> set:
+    raw = environ.get(DISABLE_PACKS, "")
+    return {part.strip() for part in raw.split(",") if part.strip()}

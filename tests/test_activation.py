@@ -1,0 +1,311 @@
+"""Auto-activation through the torch.backends entry point, environment configuration, rule packs, CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+WORLD_ONE = textwrap.dedent(
+    """
+    import socket, torch, torch.distributed as dist
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    """
+)
+
+
+def _python(code: str, env_overrides: dict | None = None, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_DTENSOR_MIXFIX")}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    if extra_path:
+        env["PYTHONPATH"] = extra_path + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_overrides or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def _ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+# --------------------------------------------------------------------------- auto-activation
+
+
+def test_import_torch_activates_lazily_without_importing_torch_distributed():
+    out = _ok(_python(
+        """
+        import sys, torch
+        from keras_dtensor_mixfix import _autoload
+        print("dist_tensor_imported", "torch.distributed.tensor" in sys.modules)
+        print("state", _autoload.state)
+        import keras_dtensor_mixfix as mf
+        print("patched_before", mf.is_patched())
+        import torch.distributed.tensor
+        print("patched_after", mf.is_patched())
+        print("state", _autoload.state)
+        """
+    ))
+    assert "dist_tensor_imported False" in out
+    assert "state waiting for the first import of torch.distributed.tensor" in out
+    assert "patched_before False" in out and "patched_after True" in out
+    assert "state patched when torch.distributed.tensor was imported" in out
+
+
+def test_mixed_op_works_with_nothing_but_the_installed_package():
+    out = _ok(_python(WORLD_ONE + textwrap.dedent(
+        """
+        from torch.distributed.tensor import distribute_tensor, Shard
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (1,))
+        w, x = torch.randn(4, 3), torch.randn(4, 3)
+        y = distribute_tensor(w, mesh, [Shard(0)]) * x
+        print("equal", torch.equal(y.full_tensor(), w * x))
+        """
+    )))
+    assert "equal True" in out
+
+
+def test_activation_when_dtensor_is_already_imported_patches_at_once():
+    out = _ok(_python(
+        """
+        import torch.distributed.tensor
+        import keras_dtensor_mixfix as mf
+        from keras_dtensor_mixfix._autoload import activate
+        print("before", mf.is_patched())
+        activate()
+        print("after", mf.is_patched())
+        """,
+        {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    ))
+    assert "before False" in out and "after True" in out
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "no"])
+def test_environment_turns_auto_activation_off(value):
+    out = _ok(_python(
+        """
+        import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
+        from keras_dtensor_mixfix import _autoload
+        print("patched", mf.is_patched(), "|", _autoload.state)
+        """,
+        {"KERAS_DTENSOR_MIXFIX": value},
+    ))
+    assert "patched False | disabled by KERAS_DTENSOR_MIXFIX" in out
+
+
+def test_torch_backend_autoload_off_means_no_activation():
+    out = _ok(_python(
+        "import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf; print('patched', mf.is_patched())",
+        {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    ))
+    assert "patched False" in out
+
+
+def test_environment_sets_patch_options():
+    out = _ok(_python(
+        """
+        import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
+        print("default", mf.current_options().default, "plain_grads", mf.current_options().plain_grads)
+        mf.unpatch(); mf.patch(default="error")  # explicit options win over the environment
+        print("explicit", mf.current_options().default, mf.current_options().plain_grads)
+        """,
+        {"KERAS_DTENSOR_MIXFIX_DEFAULT": "local", "KERAS_DTENSOR_MIXFIX_PLAIN_GRADS": "off"},
+    ))
+    assert "default local plain_grads False" in out
+    assert "explicit error False" in out
+
+
+@pytest.mark.parametrize(
+    "env, warning",
+    [
+        ({"KERAS_DTENSOR_MIXFIX_DEFAULT": "sideways"}, "ignoring KERAS_DTENSOR_MIXFIX_DEFAULT='sideways'"),
+        ({"KERAS_DTENSOR_MIXFIX_PLAIN_GRADS": "maybe"}, "ignoring KERAS_DTENSOR_MIXFIX_PLAIN_GRADS='maybe'"),
+        ({"KERAS_DTENSOR_MIXFIX_DEFUALT": "local"}, "unknown variable KERAS_DTENSOR_MIXFIX_DEFUALT"),
+        ({"KERAS_DTENSOR_MIXFIX": "perhaps"}, "ignoring KERAS_DTENSOR_MIXFIX='perhaps'"),
+    ],
+)
+def test_malformed_environment_warns_falls_back_and_never_breaks_import_torch(env, warning):
+    result = _python(
+        """
+        import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
+        print("patched", mf.is_patched(), "default", mf.current_options().default)
+        """,
+        env,
+    )
+    out = _ok(result)
+    assert "patched True default replicate" in out
+    assert warning in result.stderr
+
+
+def test_a_failing_patch_never_breaks_the_import():
+    out = _ok(_python(
+        """
+        import torch
+        import keras_dtensor_mixfix._patching as p
+        def boom(**options):
+            raise RuntimeError("simulated failure")
+        p.patch = boom
+        import torch.distributed.tensor  # must not raise
+        from keras_dtensor_mixfix import _autoload
+        print("state", _autoload.state)
+        """
+    ))
+    assert "state failed: RuntimeError: simulated failure" in out
+
+
+# --------------------------------------------------------------------------- rule packs
+
+
+def _install_dummy_packs(root) -> str:
+    """A real installed distribution (a .dist-info on sys.path) declaring three packs."""
+    site = root / "site"
+    site.mkdir()
+    (site / "dummy_pack.py").write_text(textwrap.dedent(
+        """
+        from keras_dtensor_mixfix import hookimpl
+
+        @hookimpl
+        def register_rules(register):
+            register("aten::mm.default", "local")
+            register("aten::bmm", "error")
+        """
+    ))
+    (site / "raising_pack.py").write_text(textwrap.dedent(
+        """
+        from keras_dtensor_mixfix import hookimpl
+
+        @hookimpl
+        def register_rules(register):
+            register("aten::addmm.default", "local")
+            raise ValueError("pack bug")
+        """
+    ))
+    info = site / "dummy_pack-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dummy-pack\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[keras_dtensor_mixfix]\n"
+        "dummy = dummy_pack\n"
+        "raising = raising_pack\n"
+        "missing = no_such_module_for_mixfix\n"
+    )
+    return str(site)
+
+
+PACK_REPORT = """
+import logging, torch
+logging.basicConfig(level=logging.WARNING)
+import keras_dtensor_mixfix as mf
+from keras_dtensor_mixfix import _packs
+from keras_dtensor_mixfix._registry import registry
+mf.patch()
+for record in _packs.pack_records():
+    print("pack", record.name, record.status, len(record.rules))
+for entry in registry.entries():
+    print("rule", entry.op, entry.rule if isinstance(entry.rule, str) else "callable", entry.source)
+mf.unpatch(); mf.patch()
+print("records_after_repatch", len(_packs.pack_records()))
+"""
+
+
+def test_rule_packs_from_an_installed_distribution(tmp_path):
+    result = _python(PACK_REPORT, {"KERAS_DTENSOR_MIXFIX": "0"}, extra_path=_install_dummy_packs(tmp_path))
+    out = _ok(result)
+    assert "pack builtin loaded 16" in out
+    assert "pack dummy loaded 2" in out
+    assert "rule aten::mm.default local pack:dummy" in out and "rule aten::bmm error pack:dummy" in out
+    # a pack that raises is skipped with nothing half-registered; one that fails to import is skipped
+    assert "pack raising failed 0" in out and "aten::addmm" not in out
+    assert "pack missing failed 0" in out
+    assert "rule pack 'raising' raised while registering" in result.stderr
+    assert "rule pack 'missing' failed to load" in result.stderr
+    assert "rule aten::native_layer_norm callable pack:builtin" in out
+    assert "records_after_repatch 4" in out  # loaded once
+
+
+def test_rule_packs_disabled_by_environment(tmp_path):
+    out = _ok(_python(PACK_REPORT, {"KERAS_DTENSOR_MIXFIX": "0", "KERAS_DTENSOR_MIXFIX_DISABLE_PACKS": "dummy,builtin"},
+                      extra_path=_install_dummy_packs(tmp_path)))
+    assert "pack dummy disabled 0" in out and "pack builtin disabled 0" in out
+    assert "pack:dummy" not in out and "pack:builtin" not in out
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules():
+    out = _ok(_python(
+        "import sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))",
+        {"KERAS_DTENSOR_MIXFIX_DEFAULT": "local"},
+    ))
+    for needle in ["keras_dtensor_mixfix 0.1.0", "torch 2.", "keras 3.", "mechanism: torch_dispatch_rules",
+                   "torch.backends entry point installed: yes", "state:", "default = 'local'  (from KERAS_DTENSOR_MIXFIX_DEFAULT)",
+                   "builtin [loaded]", "aten::native_layer_norm", "from pack:builtin"]:
+        assert needle in out, (needle, out)
+
+
+def test_doctor_shows_the_live_patch():
+    out = _ok(_python(
+        "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
+    ))
+    assert "live: yes" in out and "ops hooked" in out and "state: patched when torch.distributed.tensor was imported" in out
+
+
+def test_demo_shows_the_error_then_the_reference_result():
+    result = subprocess.run([sys.executable, "-m", "keras_dtensor_mixfix", "demo"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "got mixed torch.Tensor and DTensor" in result.stdout
+    assert result.stdout.count("-> OK") == 2
+    assert "aten::mm.default -> replicate" in result.stdout
+    assert "values and gradients equal the single-process reference" in result.stdout
+
+
+# --------------------------------------------------------------------------- stats and logging
+
+
+def stats_and_first_promotion_log(world_size):
+    import logging
+
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import keras_dtensor_mixfix as mf
+    from keras_dtensor_mixfix.testing import mesh
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("keras_dtensor_mixfix")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        dw = distribute_tensor(torch.ones(4, 2), mesh(), [Shard(0)])
+        with mf.patched():
+            for _ in range(3):
+                dw * torch.ones(4, 2)
+            dw + torch.ones(4, 2)
+            first = mf.stats()
+            mf.reset_stats()
+            dw * torch.ones(4, 2)
+            after_reset = mf.stats()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    messages = [r.getMessage() for r in records if "promoted plain operand" in r.getMessage()]
+    return first, after_reset, messages
+
+
+def test_stats_count_per_op_and_decision_and_the_first_promotion_is_logged():
+    from keras_dtensor_mixfix.testing import run_on_ranks
+
+    first, after_reset, messages = run_on_ranks(stats_and_first_promotion_log, 2, world_size=2)[0]
+    assert first == {"aten::mul.Tensor": {"replicate": 3}, "aten::add.Tensor": {"replicate": 1}}
+    assert after_reset == {"aten::mul.Tensor": {"replicate": 1}}
+    mul_logs = [m for m in messages if "aten::mul.Tensor" in m]
+    assert len(mul_logs) == 2  # once per op, and again after reset_stats()
