@@ -18,6 +18,20 @@ log = logging.getLogger("keras_dtensor_mixfix")
 
 TARGET = "torch.distributed.tensor"
 
+# The Keras modules keras_integration patches; once all have loaded (during `import keras`, which
+# itself imports torch and so runs this hook midway), the integration is installed.
+KERAS_MODULES = (
+    "keras.src.backend.torch.core",
+    "keras.src.backend.torch.trainer",
+    "keras.src.distribution.distribution_lib",
+    "keras.src.trainers.data_adapters",
+    "keras.src.saving.saving_lib",
+)
+WATCHED = (TARGET,) + KERAS_MODULES
+
+keras_state = "not installed"
+"""What auto-activation did for Keras: for ``doctor``."""
+
 state = "not activated"
 """What auto-activation did: for ``doctor``."""
 
@@ -33,13 +47,14 @@ def activate() -> None:
         if not auto_activation_enabled():
             state = "disabled by KERAS_DTENSOR_MIXFIX"
             return
-        if TARGET in sys.modules:
-            _patch_now()
-            return
         with _lock:
             if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
                 sys.meta_path.insert(0, _PatchOnImport())
-        state = f"waiting for the first import of {TARGET}"
+        if TARGET in sys.modules:
+            _patch_now()
+        else:
+            state = f"waiting for the first import of {TARGET}"
+        _maybe_install_keras()
     except BaseException as exc:  # noqa: BLE001 - never break `import torch`
         state = f"failed: {type(exc).__name__}: {exc}"
         try:
@@ -66,6 +81,33 @@ def _patch_now() -> None:
         log.warning("keras_dtensor_mixfix: auto-activation could not patch: %s", state)
 
 
+def _maybe_install_keras() -> None:
+    global keras_state
+    if keras_state != "not installed" or not all(name in sys.modules for name in KERAS_MODULES):
+        return
+    keras_state = "installing"
+    try:
+        from ._env import auto_activation_enabled
+
+        if not auto_activation_enabled():
+            keras_state = "disabled by KERAS_DTENSOR_MIXFIX"
+            return
+        from .keras_integration import install
+
+        keras_state = "installed" if install() else "not needed (Keras backend is not torch)"
+    except BaseException as exc:  # noqa: BLE001 - never break the user's `import keras`
+        keras_state = f"failed: {type(exc).__name__}: {exc}"
+        log.warning("keras_dtensor_mixfix: Keras integration could not be installed: %s", keras_state)
+
+
+def _after_import(fullname: str) -> None:
+    if fullname == TARGET:
+        _patch_now()
+    _maybe_install_keras()
+    if TARGET in sys.modules and keras_state != "not installed":
+        _remove_finder()
+
+
 def _remove_finder() -> None:
     with _lock:
         sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _PatchOnImport)]
@@ -75,7 +117,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the loader of ``torch.distributed.tensor`` to patch after it runs."""
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Any = None) -> Any:
-        if fullname != TARGET:
+        if fullname not in WATCHED:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -86,21 +128,21 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchAfterExec(spec.loader)
+            spec.loader = _PatchAfterExec(spec.loader, fullname)
         return spec
 
 
 class _PatchAfterExec(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, fullname: str) -> None:
         self._loader = loader
+        self._fullname = fullname
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        _remove_finder()
         self._loader.exec_module(module)
-        _patch_now()
+        _after_import(self._fullname)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)

@@ -1,0 +1,240 @@
+"""A torch backend for ``keras.distribution`` (Keras 3.15.1 ships none).
+
+Installed by :mod:`keras_dtensor_mixfix.keras_integration` as ``keras.src.backend.distribution_lib``.
+One process per device: a Keras device id is the process's global rank. A Keras
+``TensorLayout`` becomes ``(torch DeviceMesh, placements)``: for each mesh dim, ``Shard(d)`` if
+the layout puts that mesh axis on tensor dim ``d``, else ``Replicate()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+
+class TorchLayout(NamedTuple):
+    """What ``TensorLayout.backend_layout`` is on torch."""
+
+    mesh: Any
+    placements: Tuple[Any, ...]
+
+
+def _device_kind() -> str:
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def list_devices(device_type: Optional[str] = None) -> List[str]:
+    """Every process's device, ``"cpu:<rank>"`` (or ``"gpu:<rank>"``): one device per process."""
+    kind = (device_type or _device_kind()).lower()
+    return [f"{kind}:{rank}" for rank in range(_world_size())]
+
+
+def get_device_count(device_type: Optional[str] = None) -> int:
+    return len(list_devices(device_type))
+
+
+def num_processes() -> int:
+    return _world_size()
+
+
+def process_id() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None) -> None:
+    """Start the process group (torchrun's ``env://`` unless addresses are given) and agree on a seed."""
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if job_addresses:
+            coordinator = job_addresses.split(",")[0].strip()
+            dist.init_process_group(backend, init_method=f"tcp://{coordinator}", world_size=num_processes,
+                                    rank=process_id)
+        else:
+            dist.init_process_group(backend)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _agree_on_seed()
+
+
+def _agree_on_seed() -> None:
+    # Shuffling and initializers draw from the global RNGs: every rank must draw the same numbers.
+    from keras.src.utils import rng_utils
+
+    if rng_utils.get_random_seed() is not None and dist.get_world_size() == 1:
+        return
+    seed = torch.tensor([int(np.random.randint(0, 2**31 - 1))], dtype=torch.int64)
+    dist.broadcast(seed, src=0)
+    rng_utils.set_random_seed(int(seed.item()))
+
+
+def _ensure_process_group() -> None:
+    if dist.is_initialized():
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        initialize()
+        return
+    # A single process with no launcher: a one-rank group on an in-memory store (no network).
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    log.info("keras_dtensor_mixfix: started a one-process gloo group for keras.distribution")
+
+
+def _to_backend_device(device_name: Any) -> torch.device:
+    name = str(device_name).lower()
+    if name.startswith("gpu") or name.startswith("cuda"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name.split(":")[0] if name.split(":")[0] in ("cpu", "meta") else "cpu")
+
+
+_MESHES: Dict[Tuple[Any, ...], Any] = {}
+
+
+def _to_backend_mesh(device_mesh: Any) -> Any:
+    """A torch ``DeviceMesh`` for a Keras ``DeviceMesh`` (cached: building one is collective)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    _ensure_process_group()
+    devices = np.asarray(device_mesh.devices)
+    kinds = {str(d).split(":")[0].lower() for d in devices.flatten()}
+    if len(kinds) != 1:
+        raise ValueError(f"keras_dtensor_mixfix: a DeviceMesh needs one device type, got {sorted(kinds)}")
+    kind = kinds.pop()
+    ranks = [int(str(d).split(":")[1]) if ":" in str(d) else 0 for d in devices.flatten()]
+    if max(ranks) >= dist.get_world_size():
+        raise ValueError(f"keras_dtensor_mixfix: DeviceMesh names devices {sorted(set(ranks))} but only "
+                         f"{dist.get_world_size()} processes exist (one device per process)")
+    key = (kind, tuple(ranks), tuple(devices.shape), tuple(device_mesh.axis_names))
+    found = _MESHES.get(key)
+    if found is None:
+        found = DeviceMesh("cuda" if kind in ("gpu", "cuda") else kind,
+                           torch.tensor(ranks, dtype=torch.int64).reshape(devices.shape),
+                           mesh_dim_names=tuple(device_mesh.axis_names))
+        _MESHES[key] = found
+    return found
+
+
+def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str]) -> Tuple[Any, ...]:
+    """Keras layout axes (one per tensor dim) -> DTensor placements (one per mesh dim)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    unknown = [a for a in axes if a is not None and a not in mesh_axis_names]
+    if unknown:
+        raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} name {unknown}, which the mesh "
+                         f"{tuple(mesh_axis_names)} does not have")
+    placements = []
+    for name in mesh_axis_names:
+        dims = [dim for dim, axis in enumerate(axes) if axis == name]
+        if len(dims) > 1:
+            raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} for tensor "
+                             f"dims {dims}; a mesh axis can shard one tensor dim")
+        placements.append(Shard(dims[0]) if dims else Replicate())
+    return tuple(placements)
+
+
+def _to_backend_layout(tensor_layout: Any) -> TorchLayout:
+    if tensor_layout.device_mesh is None:
+        raise ValueError("Cannot create sharding when device mesh is not set for TensorLayout.")
+    mesh = tensor_layout.device_mesh.backend_mesh
+    return TorchLayout(mesh, placements_for(tensor_layout.axes, tensor_layout.device_mesh.axis_names))
+
+
+def _resolve(layout: Any) -> TorchLayout:
+    from keras.src.distribution import TensorLayout
+
+    if isinstance(layout, TensorLayout):
+        return layout.backend_layout
+    mesh, placements = layout
+    return TorchLayout(mesh, tuple(placements))
+
+
+def fit_placements(shape: Sequence[int], mesh: Any, placements: Sequence[Any], what: str) -> Tuple[Any, ...]:
+    """Replicate tensor dims too small to give every rank of their mesh axis a piece (with a warning)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    fitted = []
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, Shard) and shape[placement.dim] < mesh.size(mesh_dim):
+            log.warning("keras_dtensor_mixfix: %s: dim %d of shape %s is smaller than mesh axis %r (%d ranks); "
+                        "it is replicated instead of sharded", what, placement.dim, tuple(shape),
+                        (mesh.mesh_dim_names or ("?",) * mesh.ndim)[mesh_dim], mesh.size(mesh_dim))
+            fitted.append(Replicate())
+        else:
+            fitted.append(placement)
+    return tuple(fitted)
+
+
+def _is_symbolic(tensor: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return not isinstance(tensor, DTensor) and (tensor.is_meta or type(tensor).__name__ == "FakeTensor")
+
+
+def _relayout(tensor: Any, layout: TorchLayout) -> Any:
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(tensor, torch.Tensor) or _is_symbolic(tensor):
+        return tensor
+    mesh, placements = layout
+    if isinstance(tensor, DTensor):
+        if tensor.device_mesh == mesh and tuple(tensor.placements) == tuple(placements):
+            return tensor
+        return tensor.redistribute(mesh, placements)
+    # A plain tensor is the same whole value on every rank: slice locally, differentiably.
+    replicated = DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return replicated.redistribute(mesh, placements)
+
+
+def distribute_tensor(tensor: Any, layout: Any) -> Any:
+    """Give ``tensor`` (or every tensor in a structure) ``layout``; differentiable; symbolic tensors pass."""
+    if layout is None:
+        return tensor
+    from keras.src import tree
+
+    resolved = _resolve(layout)
+    return tree.map_structure(lambda leaf: _relayout(leaf, resolved), tensor)
+
+
+def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True) -> torch.nn.Parameter:
+    """An ``nn.Parameter`` holding a DTensor with ``layout``; rank 0's value wins, so ranks agree."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(value.shape, mesh, placements, "variable")
+    if isinstance(value, DTensor):
+        distributed = value.detach().redistribute(mesh, placements)
+    else:
+        distributed = torch_distribute(value.detach(), mesh, list(placements), src_data_rank=0)
+    return torch.nn.Parameter(distributed, requires_grad=trainable)
+
+
+def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: str, is_global: bool = True) -> Any:
+    """A batch as a DTensor sharded on the batch axis.
+
+    ``is_global=True``: every process holds the same global batch; each keeps its slice (no
+    communication). ``is_global=False``: the batch is this process's own shard (JAX semantics).
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(per_process_batch, torch.Tensor) or isinstance(per_process_batch, DTensor):
+        return per_process_batch
+    resolved = _resolve(layout)
+    if is_global:
+        return _relayout(per_process_batch, resolved)
+    return DTensor.from_local(per_process_batch, resolved.mesh, list(resolved.placements), run_check=False)

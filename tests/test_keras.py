@@ -1,0 +1,312 @@
+"""keras.distribution on the torch backend: sharded training equals single-device training."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+OPTIMIZERS = ["sgd_nesterov", "adam", "adamw", "adagrad", "adadelta", "adamax", "nadam", "rmsprop", "lion",
+              "adafactor", "lamb", "ftrl"]
+
+
+def _optimizer(name):
+    import keras
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.9)
+    return {
+        "sgd_nesterov": lambda: keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True, clipnorm=1.0),
+        "adam": lambda: keras.optimizers.Adam(schedule, amsgrad=True, clipvalue=0.5),
+        "adamw": lambda: keras.optimizers.AdamW(0.02, weight_decay=0.01, global_clipnorm=1.0),
+        "adagrad": lambda: keras.optimizers.Adagrad(0.05),
+        "adadelta": lambda: keras.optimizers.Adadelta(1.0),
+        "adamax": lambda: keras.optimizers.Adamax(0.02),
+        "nadam": lambda: keras.optimizers.Nadam(0.02),
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+        "lion": lambda: keras.optimizers.Lion(0.005),
+        "adafactor": lambda: keras.optimizers.Adafactor(0.05),
+        "lamb": lambda: keras.optimizers.Lamb(0.02),
+        "ftrl": lambda: keras.optimizers.Ftrl(0.05),
+    }[name]()
+
+
+def _model(name_prefix=""):
+    import keras
+
+    return keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(16, activation="relu", name="dense_a"),
+        keras.layers.Dense(6, name="dense_b"),  # 6 over the model axis: even on 2, uneven on 4
+        keras.layers.Dense(1, name="dense_c"),  # a size-1 dim asked to be sharded
+    ], name=f"{name_prefix}net")
+
+
+def _data(rows=24):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)) + 0.1).astype("float32")
+    return x, y
+
+
+def _inputs(kind, x, y, batch_size):
+    import keras
+    import torch
+
+    if kind == "numpy":
+        return dict(x=x, y=y, batch_size=batch_size)
+    if kind == "dataloader":
+        dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+        return dict(x=torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False))
+    if kind == "pydataset":
+        class Batches(keras.utils.PyDataset):
+            def __len__(self):
+                return len(x) // batch_size
+
+            def __getitem__(self, index):
+                part = slice(index * batch_size, (index + 1) * batch_size)
+                return x[part], y[part]
+
+        return dict(x=Batches())
+    if kind == "generator":
+        def batches():
+            while True:
+                for start in range(0, len(x), batch_size):
+                    yield x[start:start + batch_size], y[start:start + batch_size]
+
+        return dict(x=batches(), steps_per_epoch=len(x) // batch_size)
+    raise ValueError(kind)
+
+
+def _distribution(kind, world_size):
+    import keras
+
+    devices = keras.distribution.list_devices()
+    assert len(devices) == world_size == keras.distribution.get_device_count()
+    if kind == "data_parallel":
+        return keras.distribution.DataParallel()
+    if kind == "data_parallel_devices":
+        return keras.distribution.DataParallel(devices=devices)
+    shape = (1, world_size) if kind == "model_parallel" else (world_size // 2, 2)
+    mesh = keras.distribution.DeviceMesh(shape, ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*dense_a/kernel"] = (None, "model")  # column-wise
+    layout_map[".*dense_a/bias"] = ("model",)
+    layout_map[".*dense_b.*kernel"] = ("model", None)  # row-wise, regex key
+    layout_map[".*dense_c/kernel"] = (None, "model")  # size-1 dim: replicated with a warning
+    layout_map[".*dense_b/output"] = ("batch", None)  # a layer-output layout
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+
+
+def _expected_placements(kind, world_size):
+    from torch.distributed.tensor import Replicate, Shard
+
+    if kind.startswith("data_parallel"):
+        return {path: (Replicate(),) for path in ("dense_a/kernel", "dense_a/bias", "dense_b/kernel", "dense_c/kernel")}
+    return {
+        "dense_a/kernel": (Replicate(), Shard(1)),
+        "dense_a/bias": (Replicate(), Shard(0)),
+        "dense_b/kernel": (Replicate(), Shard(0)),
+        "dense_b/bias": (Replicate(), Replicate()),
+        "dense_c/kernel": (Replicate(), Replicate()),
+    }
+
+
+def keras_fit(world_size, kind, optimizer, input_kind="numpy", jit=False, epochs=2):
+    import keras
+    from torch.distributed.tensor import DTensor
+
+    from keras_dtensor_mixfix import keras_integration
+
+    assert keras_integration.install()
+    x, y = _data()
+    batch_size = 8
+    try:
+        keras.utils.set_random_seed(7)
+        distribution = _distribution(kind, world_size)
+        keras.distribution.set_distribution(distribution)
+        model = _model()
+        model.compile(optimizer=_optimizer(optimizer), loss="mse", metrics=["mae"], jit_compile=jit)
+        initial = model.get_weights()  # global values
+        placements = {v.path.split("/", 1)[1]: tuple(v.value.placements) for v in model.weights
+                      if isinstance(v.value, DTensor)}
+        history = model.fit(**_inputs(input_kind, x, y, batch_size), epochs=epochs, shuffle=False, verbose=0)
+        # optimizer slots are built at the first step and inherit their variable's layout
+        slot_placements = {tuple(v.value.placements) for v in model.optimizer.variables
+                           if isinstance(v.value, DTensor) and "dense_a_kernel" in v.path}
+        trained = model.get_weights()
+        evaluated = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+        predicted = model.predict(x, batch_size=batch_size, verbose=0)
+    finally:
+        keras.distribution.set_distribution(None)
+
+    # single-device reference: same initial weights, same data, plain tensors
+    reference = _model("ref_")
+    reference.compile(optimizer=_optimizer(optimizer), loss="mse", metrics=["mae"])
+    reference.set_weights(initial)
+    ref_history = reference.fit(**_inputs(input_kind, x, y, batch_size), epochs=epochs, shuffle=False, verbose=0)
+    for got, want in zip(trained, reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for key in ("loss", "mae"):
+        assert all(type(v) is float for v in history.history[key]), history.history
+        np.testing.assert_allclose(history.history[key], ref_history.history[key], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(evaluated, reference.evaluate(x, y, batch_size=batch_size, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(predicted, reference.predict(x, batch_size=batch_size, verbose=0), rtol=1e-5, atol=1e-6)
+    expected = _expected_placements(kind, world_size)
+    for path, want in expected.items():
+        assert placements.get(path) == want, (path, placements.get(path), want)
+    if optimizer not in ("ftrl", "adafactor"):  # factored / differently shaped slots
+        assert slot_placements == {expected["dense_a/kernel"]}, (optimizer, slot_placements)
+    return history.history["loss"]
+
+
+@pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (4, "model_parallel_2d"),
+                                              (2, "data_parallel"), (4, "data_parallel_devices")])
+def test_fit_equals_single_device_training(world_size, kind):
+    losses = run_on_ranks(keras_fit, world_size, kind, "adam", world_size=world_size, timeout=600)
+    assert all(loss == losses[0] for loss in losses)  # every rank reports the same global History
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_every_optimizer_trains_sharded_weights(optimizer):
+    run_on_ranks(keras_fit, 2, "model_parallel", optimizer, world_size=2, timeout=600)
+
+
+@pytest.mark.parametrize("input_kind", ["dataloader", "pydataset", "generator"])
+def test_every_input_kind(input_kind):
+    run_on_ranks(keras_fit, 2, "model_parallel", "sgd_nesterov", input_kind, world_size=2, timeout=600)
+
+
+@pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (2, "data_parallel")])
+def test_jit_compile(world_size, kind):
+    run_on_ranks(keras_fit, world_size, kind, "adam", "numpy", True, world_size=world_size, timeout=600)
+
+
+# --------------------------------------------------------------------------- save / load across world sizes
+
+
+def save_sharded(world_size, directory):
+    import keras
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.install()
+    try:
+        keras.utils.set_random_seed(3)
+        keras.distribution.set_distribution(_distribution("model_parallel", world_size))
+        model = _model()
+        model.compile(optimizer="adam", loss="mse")
+        x, y = _data()
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        model.save_weights(os.path.join(directory, "sharded.weights.h5"))
+        model.save(os.path.join(directory, "sharded.keras"))
+        weights = model.get_weights()
+        # load a single-device checkpoint into the sharded model
+        single = np.load(os.path.join(directory, "single.npz"))
+        plain = _model("plain_")
+        plain.set_weights([single[f"w{i}"] for i in range(len(single.files))])
+        plain.save_weights(os.path.join(directory, f"single_rank{keras.distribution.distribution()._process_id if False else 0}.weights.h5")) if False else None
+        model.load_weights(os.path.join(directory, "single.weights.h5"))
+        loaded = model.get_weights()
+        placements = str(tuple(model.layers[0].kernel.value.placements))
+        reloaded = keras.saving.load_model(os.path.join(directory, "sharded.keras"))
+        reloaded_placements = str(tuple(reloaded.layers[0].kernel.value.placements))
+        reloaded_weights = reloaded.get_weights()
+    finally:
+        keras.distribution.set_distribution(None)
+    for got, want in zip(loaded, [single[f"w{i}"] for i in range(len(single.files))]):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(reloaded_weights, weights):
+        np.testing.assert_array_equal(got, want)
+    return [w.tolist() for w in weights], placements, reloaded_placements
+
+
+def test_save_on_two_ranks_loads_on_one_device_and_back(tmp_path):
+    import keras
+
+    x, y = _data()
+    single_model = _model("single_")
+    single_model.compile(optimizer="adam", loss="mse")
+    single_model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    single_model.save_weights(str(tmp_path / "single.weights.h5"))
+    np.savez(tmp_path / "single.npz", **{f"w{i}": w for i, w in enumerate(single_model.get_weights())})
+
+    results = run_on_ranks(save_sharded, 2, str(tmp_path), world_size=2, timeout=600)
+    weights, placements, reloaded_placements = results[0]
+    assert "Shard(dim=1)" in placements and placements == reloaded_placements
+    # the file rank 0 wrote holds GLOBAL values: it loads into a single-device model
+    fresh = _model("fresh_")
+    fresh.load_weights(str(tmp_path / "sharded.weights.h5"))
+    for got, want in zip(fresh.get_weights(), weights):
+        np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))
+    whole = keras.saving.load_model(str(tmp_path / "sharded.keras"))
+    for got, want in zip(whole.get_weights(), weights):
+        np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))
+    assert not list(tmp_path.glob("*rank*"))  # only rank 0 wrote files
+
+
+# --------------------------------------------------------------------------- API and errors
+
+
+def distribution_api(world_size):
+    import keras
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.install()
+    out = {}
+    keras.distribution.initialize()  # the group exists already: agrees on a seed only
+    mesh = keras.distribution.DeviceMesh((world_size,), ["batch"])  # no explicit devices
+    out["devices"] = list(mesh.devices.flatten())
+    layout = keras.distribution.TensorLayout(["batch", None], mesh)
+    value = torch.arange(8.0 * 3).reshape(8, 3)
+    distributed = keras.distribution.distribute_tensor(value, layout)
+    assert isinstance(distributed, DTensor) and distributed.placements == (Shard(0),)
+    assert torch.equal(distributed.full_tensor(), value)
+    with keras.distribution.DataParallel().scope():
+        variable = keras.Variable(np.ones((4, 2), "float32"))
+        assert isinstance(variable.value, DTensor) and variable.value.placements == (Replicate(),)
+        variable.assign(np.full((4, 2), 3.0, "float32"))
+        assert variable.value.placements == (Replicate(),) and float(variable.numpy().sum()) == 24.0
+        out["repr"] = repr(variable)
+    try:
+        keras.distribution.TensorLayout(["nope", None], mesh).backend_layout
+        out["bad_axis"] = "no error"
+    except ValueError as exc:
+        out["bad_axis"] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_distribution_api(world_size):
+    out = run_on_ranks(distribution_api, world_size, world_size=world_size, timeout=600)[0]
+    assert out["devices"] == [f"cpu:{r}" for r in range(world_size)]
+    assert "values not gathered" in out["repr"]
+    assert "nope" in out["bad_axis"] and ("does not have" in out["bad_axis"] or "not" in out["bad_axis"])
+
+
+def test_install_and_uninstall_restore_keras_exactly():
+    import keras.src.backend as backend_module
+    import keras.src.distribution.distribution_lib as distribution_module
+    from keras.src.backend.torch import core, trainer
+    from keras.src.trainers import data_adapters
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.uninstall()
+    before = (backend_module.distribution_lib, distribution_module.distribution_lib, core.Variable.__dict__.get("_initialize"),
+              core.convert_to_numpy, trainer.TorchTrainer.__dict__.get("make_train_function"),
+              data_adapters.get_data_adapter, "train_step" in trainer.TorchTrainer.__dict__)
+    assert before[0] is None
+    assert keras_integration.install() and keras_integration.install()
+    assert backend_module.distribution_lib is not None and core.convert_to_numpy is not before[3]
+    keras_integration.uninstall()
+    keras_integration.uninstall()
+    after = (backend_module.distribution_lib, distribution_module.distribution_lib, core.Variable.__dict__.get("_initialize"),
+             core.convert_to_numpy, trainer.TorchTrainer.__dict__.get("make_train_function"),
+             data_adapters.get_data_adapter, "train_step" in trainer.TorchTrainer.__dict__)
+    assert after == before
