@@ -224,6 +224,7 @@ class _Pool:
 
 _pools: Dict[int, _Pool] = {}
 _pools_lock = threading.Lock()
+_exit_hook_registered = False
 
 
 def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 300.0,
@@ -233,12 +234,18 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     Returns the per-rank return values, rank 0 first. Raises :class:`RankError` with the
     lowest failing rank's traceback if any rank raised or did not answer within ``timeout``.
     """
+    global _exit_hook_registered
     with _pools_lock:
         pool = _pools.get(world_size)
         if pool is None or not pool.healthy():
             if pool is not None:
                 pool.close()
             pool = _pools[world_size] = _Pool(world_size, start_timeout)
+            if not _exit_hook_registered:
+                # Registered after multiprocessing's own exit handler (atexit runs last-in first-out),
+                # which would otherwise wait forever for these non-daemon workers.
+                atexit.register(shutdown_workers)
+                _exit_hook_registered = True
         try:
             return pool.run(fn, args, kwargs, timeout)
         except RankError:
@@ -254,5 +261,3 @@ def shutdown_workers() -> None:
             pool.close()
         _pools.clear()
 
-
-atexit.register(shutdown_workers)
