@@ -236,5 +236,11 @@ def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: s
         return per_process_batch
     resolved = _resolve(layout)
     if is_global:
-        return _relayout(per_process_batch, resolved)
+        if per_process_batch.requires_grad or _is_symbolic(per_process_batch):
+            return _relayout(per_process_batch, resolved)
+        # The usual case, data that needs no gradient: every rank slices its own copy (no
+        # communication) without the autograd machinery of from_local/redistribute.
+        from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+        return torch_distribute(per_process_batch, resolved.mesh, list(resolved.placements), src_data_rank=None)
     return DTensor.from_local(per_process_batch, resolved.mesh, list(resolved.placements), run_check=False)

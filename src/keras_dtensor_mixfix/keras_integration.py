@@ -274,6 +274,7 @@ def _distribute_batch(data: Any, distribution: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     is_global = bool(getattr(distribution, "auto_shard_dataset", True))
+    layouts = _layout_cache(distribution)
 
     def one(leaf: Any) -> Any:
         if leaf is None or isinstance(leaf, DTensor):
@@ -284,10 +285,22 @@ def _distribute_batch(data: Any, distribution: Any) -> Any:
             leaf = convert_to_tensor(leaf)
         if leaf.ndim == 0:
             return leaf
-        layout = distribution.get_data_layout(leaf.shape)
+        shape = tuple(leaf.shape)
+        layout = layouts.get(shape)
+        if layout is None:
+            layout = layouts[shape] = distribution.get_data_layout(shape).backend_layout
         return _lib().distribute_data_input(leaf, layout, distribution.batch_dim_name, is_global=is_global)
 
     return tree.map_structure(one, data)
+
+
+def _layout_cache(distribution: Any) -> dict:
+    # get_data_layout builds a new TensorLayout (and its placements) per call: once per shape is enough.
+    cache = getattr(distribution, "_keras_dtensor_mixfix_layouts", None)
+    if cache is None:
+        cache = {}
+        distribution._keras_dtensor_mixfix_layouts = cache
+    return cache
 
 
 def _make_global(result: Any) -> Any:
