@@ -64,18 +64,46 @@ def choose_peer(operand: Operand, call: MixedCall) -> DTensor:
     Preference: the DTensor at the same index of another list (foreach rows), then a DTensor in
     the same list (cat), then one of the same shape, then the first one.
     """
-    peers = [o for o in call.operands if not o.is_plain]
-    if len(operand.position) == 2:
-        for other in peers:
-            if len(other.position) == 2 and other.position[1] == operand.position[1]:
-                return other.tensor  # type: ignore[return-value]
-        for other in peers:
-            if other.position[0] == operand.position[0]:
-                return other.tensor  # type: ignore[return-value]
-    for other in peers:
-        if tuple(other.tensor.shape) == tuple(operand.tensor.shape):
-            return other.tensor  # type: ignore[return-value]
-    return peers[0].tensor  # type: ignore[return-value]
+    return _PeerIndex(call.operands).choose(operand)
+
+
+class _PeerIndex:
+    """``choose_peer`` for every plain operand of one call in O(operands), not O(operands**2).
+
+    Each table keeps the *first* peer (in operand order) for its key, which is exactly what
+    the linear scans of the preference order would find.
+    """
+
+    __slots__ = ("peers", "by_row", "by_head")
+
+    def __init__(self, operands: Sequence[Operand]) -> None:
+        self.peers: List[DTensor] = []
+        self.by_row: Dict[Any, DTensor] = {}
+        self.by_head: Dict[Any, DTensor] = {}
+        for other in operands:
+            if other.is_plain:
+                continue
+            tensor = other.tensor
+            self.peers.append(tensor)  # type: ignore[arg-type]
+            if len(other.position) == 2:
+                self.by_row.setdefault(other.position[1], tensor)  # type: ignore[arg-type]
+            self.by_head.setdefault(other.position[0], tensor)  # type: ignore[arg-type]
+
+    def choose(self, operand: Operand) -> DTensor:
+        position = operand.position
+        if len(position) == 2:
+            found = self.by_row.get(position[1])
+            if found is not None:
+                return found
+            found = self.by_head.get(position[0])
+            if found is not None:
+                return found
+        # Shapes are compared, not hashed: while tracing they may hold symbolic sizes.
+        shape = tuple(operand.tensor.shape)
+        for peer in self.peers:
+            if tuple(peer.shape) == shape:
+                return peer
+        return self.peers[0]
 
 
 # --------------------------------------------------------------------------- placements
@@ -109,8 +137,17 @@ def aligned_placements(plain: torch.Tensor, peer: DTensor) -> Tuple[Placement, .
 
 
 def _broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
+    a = tuple(a)
+    b = tuple(b)
+    if all(type(size) is int for size in a + b):
+        # Concrete sizes (eager): the broadcasting rule itself, without torch.broadcast_shapes'
+        # overhead (about 2.5 us a call).
+        for x, y in zip(reversed(a), reversed(b)):
+            if x != y and x != 1 and y != 1:
+                return False
+        return True
     try:
-        torch.broadcast_shapes(tuple(a), tuple(b))
+        torch.broadcast_shapes(a, b)
     except RuntimeError:
         return False
     return True
@@ -129,12 +166,30 @@ def _per_operand(value: Any, call: MixedCall, where: str) -> Decision:
 
 
 _SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
+# (mesh, placements, shape, stride, dtype) -> DTensorSpec. Specs are immutable once built
+# (torch itself shares one spec between DTensors, e.g. from its sharding-propagation cache), and
+# building one costs about 12 us, so promotions in eager mode reuse them. Never used while
+# tracing: sizes may be symbolic there.
+_SPEC_CACHE: Dict[Tuple[Any, ...], DTensorSpec] = {}
+# Every cache is bounded: eager code with ever-changing shapes must not grow them forever.
+_CACHE_LIMIT = 4096
+# Placement types whose specs may be shared; anything else (_StridedShard, user subclasses) is
+# built afresh each time.
+_SHAREABLE_PLACEMENTS = (Shard, Replicate, Partial)
 
 
 def clear_caches() -> None:
-    """Forget cached slicing decisions and local readings (called by unpatch)."""
+    """Forget cached slicing decisions, specs and local readings (called by unpatch)."""
     _SLICE_CACHE.clear()
+    _SPEC_CACHE.clear()
+    _OP_INFO.clear()
     _LOCAL_MEMO.clear()
+
+
+def _remember(cache: Dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
 
 
 def _local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
@@ -143,7 +198,7 @@ def _local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement,
     if found is None:
         local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
         found = tuple(slice(o, o + s) for o, s in zip(offsets, local_shape))
-        _SLICE_CACHE[key] = found
+        _remember(_SLICE_CACHE, key, found)
     return found
 
 
@@ -156,15 +211,39 @@ def _contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensorSpec:
-    return DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+def _spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+          cache: bool = False) -> DTensorSpec:
+    """A spec; with ``cache`` (eager only: concrete sizes) an equal spec built before is reused."""
+    if not cache or not all(type(p) in _SHAREABLE_PLACEMENTS for p in placements):
+        return DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+    key = (mesh, placements, tuple(shape), tuple(stride), dtype)
+    found = _SPEC_CACHE.get(key)
+    if found is None:
+        found = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+        _remember(_SPEC_CACHE, key, found)
+    return found
+
+
+# DTensor's constructor is ``torch.Tensor._dtensor__new__`` (C++) followed by a Python ``__init__``
+# that does nothing but is wrapped for dynamo and export (about 1.3 us of the 2 us a construction
+# costs). Eager promotions call the C++ constructor alone; traced ones use the full constructor.
+_dtensor_new: Optional[Callable[..., DTensor]] = getattr(torch.Tensor, "_dtensor__new__", None)
+if _dtensor_new is None or DTensor.__new__ is not _dtensor_new:
+    _dtensor_new = None
+
+
+def _new_dtensor(local: torch.Tensor, spec: DTensorSpec, eager: bool) -> DTensor:
+    if eager and _dtensor_new is not None:
+        return _dtensor_new(DTensor, local, spec, requires_grad=False)
+    return DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
 
 
 def _wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensor:
     if local.requires_grad:
         # Below autograd the flag means nothing; detaching keeps DTensor from warning about it.
         local = local.detach()
-    return DTensor(local, _spec(mesh, placements, shape, stride, dtype), requires_grad=False)  # type: ignore[call-arg]
+    eager = not is_traced(local)
+    return _new_dtensor(local, _spec(mesh, placements, shape, stride, dtype, cache=eager), eager)
 
 
 # --------------------------------------------------------------------------- promotion
@@ -367,9 +446,33 @@ def build_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], operand
     return MixedCall(func, args, kwargs, tuple(operands), plain, peers, meshes[0] if len(meshes) == 1 else None, tuple(meshes))  # type: ignore[arg-type]
 
 
+class _OpInfo:
+    """What promotion needs per op overload, looked up once per call (keyed by ``id(op)``: the
+    entry holds the op, so the id cannot be reused while the entry exists)."""
+
+    __slots__ = ("op", "traits", "call")
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self.traits = op_traits(op)
+        # OpOverload.__call__ only forwards to ``_op``; calling that directly saves a Python frame.
+        self.call = op._op if type(op) is torch._ops.OpOverload else op
+
+
+_OP_INFO: Dict[int, _OpInfo] = {}
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _OP_INFO.get(id(func))
+    if info is None or info.op is not func:
+        info = _OpInfo(func)
+        _remember(_OP_INFO, id(func), info)
+    return info
+
+
 def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """Entry point from the dispatch hook: promote, run, and fix up gradients."""
-    traits = op_traits(func)
+    traits = _op_info(func).traits
     if traits.foreach:
         from ._foreach import foreach_call
 
@@ -391,10 +494,11 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
     decisions = _decide(call, rule, traits)
     promoted: Promoted = []
     replacements: Dict[Tuple[Any, ...], DTensor] = {}
+    peers = _PeerIndex(call.operands)
     for operand in call.plain:
         decision = decisions[operand.position]
         mesh = decision.mesh if decision.mesh is not None else call.mesh
-        peer = choose_peer(operand, call)
+        peer = peers.choose(operand)
         if decision.kind == ERROR:
             raise promotion_error(traits.name, f"the rule for this op is 'error' (operand {operand.label})",
                                   operand_label=operand.label, operand=operand.tensor, peers=call.peers)
@@ -418,22 +522,28 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
 
 def run_promoted(func: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: Promoted) -> Any:
     try:
-        result = func(*args, **kwargs)
+        result = _op_info(func).call(*args, **kwargs)
     except MixedOperandError:
         raise
     except Exception as exc:
-        described = "; ".join(f"{o.label} as {d.kind} {tuple(p)}" for o, _, d, p in promoted)
-        raise promotion_error(
-            traits.name,
-            f"after promoting the plain operand(s) ({described}) the op itself failed: {type(exc).__name__}: {exc}",
-            peers=[a for a in _dtensors(args, kwargs)][:4],
-            advice="If the op has no DTensor sharding strategy, register one with torch or convert the operands yourself.",
-        ) from exc
+        raise _op_failed(traits, [(o.label, d.kind, p) for o, _, d, p in promoted], args, kwargs, exc) from exc
     if _current_options().plain_grads:
         for operand, _, decision, placements in promoted:
-            _grad.ensure_plain_grad(operand.tensor, decision.kind, placements, traits.name)
+            if operand.tensor.requires_grad:
+                _grad.ensure_plain_grad(operand.tensor, decision.kind, placements, traits.name)
     _stats.record(traits.name, [d.kind for _, _, d, _ in promoted])
     return result
+
+
+def _op_failed(traits: OpTraits, described: List[Tuple[str, str, Tuple[Placement, ...]]], args: Tuple[Any, ...],
+               kwargs: Dict[str, Any], exc: Exception) -> MixedOperandError:
+    text = "; ".join(f"{label} as {kind} {tuple(placements)}" for label, kind, placements in described)
+    return promotion_error(
+        traits.name,
+        f"after promoting the plain operand(s) ({text}) the op itself failed: {type(exc).__name__}: {exc}",
+        peers=[a for a in _dtensors(args, kwargs)][:4],
+        advice="If the op has no DTensor sharding strategy, register one with torch or convert the operands yourself.",
+    )
 
 
 def _dtensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[DTensor]:
