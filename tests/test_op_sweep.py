@@ -29,24 +29,22 @@ SUBSET = [
 ]
 MAX_SAMPLES = 3
 
-_INPLACE_SCALAR_SELF = (
-    "core bug: plain 0-d tensor .{}_(0-d Replicate DTensor) raises a bare AssertionError in torch's DTensor dispatch "
-    "(_dispatch.py: in-place self must be a DTensor); the patch leaves one-element plain operands to torch even "
-    "when the op writes into them (with both operands DTensors the call is correct)"
-)
-
 # (op, variant, sample index, DTensor operand, placement) -> why it is expected to be wrong/crash.
-# Each entry is an xfail(strict=True) test below: once the core is fixed it XPASSes and fails,
-# which is the signal to delete the entry.
-KNOWN_BUGS: Dict[Tuple[str, str, int, str, str], str] = {
-    ("add", "inplace", 0, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("add"),
-    ("mul", "inplace", 0, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("mul"),
-    ("sub", "inplace", 0, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("sub"),
-    ("div.no_rounding_mode", "inplace", 0, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("div"),
-    ("lerp", "inplace", 2, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("lerp"),
-    ("pow", "inplace", 0, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("pow"),
-    ("atan2", "inplace", 0, "args[0]", "R"): _INPLACE_SCALAR_SELF.format("atan2"),
-}
+# Empty: every wrong/crash case in the subset is fixed. Add an entry (with the reason) only for a
+# bug that cannot be fixed at once; it is then excluded from the checks above.
+KNOWN_BUGS: Dict[Tuple[str, str, int, str, str], str] = {}
+
+# Cases that once crashed (an in-place op writing into a plain one-element tensor next to a
+# DTensor: torch's DTensor dispatch raised a bare AssertionError): they must stay correct.
+REGRESSIONS = [
+    ("add", "inplace", 0, "args[0]", "R"),
+    ("mul", "inplace", 0, "args[0]", "R"),
+    ("sub", "inplace", 0, "args[0]", "R"),
+    ("div.no_rounding_mode", "inplace", 0, "args[0]", "R"),
+    ("lerp", "inplace", 2, "args[0]", "R"),
+    ("pow", "inplace", 0, "args[0]", "R"),
+    ("atan2", "inplace", 0, "args[0]", "R"),
+]
 
 
 def _key(record: Dict[str, Any]) -> Tuple[str, str, int, str, str]:
@@ -91,11 +89,8 @@ def test_patch_works_wherever_dtensor_alone_does(sweep: Dict[str, Any], op: str)
         _describe(r, sweep["samples"]) for r in failed)
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(case, id="/".join(map(str, case)), marks=pytest.mark.xfail(strict=True, reason=reason))
-    for case, reason in KNOWN_BUGS.items()
-])
-def test_known_bug(sweep: Dict[str, Any], case: Tuple[str, str, int, str, str]) -> None:
+@pytest.mark.parametrize("case", REGRESSIONS, ids=["/".join(map(str, c)) for c in REGRESSIONS])
+def test_fixed_inplace_write_into_plain_scalar(sweep: Dict[str, Any], case: Tuple[str, str, int, str, str]) -> None:
     found = [r for r in sweep["cases"] if _key(r) == case]
-    assert found, f"case {case} was not swept (OpInfo samples changed?): update KNOWN_BUGS"
+    assert found, f"case {case} was not swept (OpInfo samples changed?): update REGRESSIONS"
     assert found[0]["cls"] == "correct", _describe(found[0], sweep["samples"])

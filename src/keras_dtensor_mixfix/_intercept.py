@@ -50,9 +50,47 @@ def candidate_qualnames() -> List[str]:
             continue
         if has_two_tensor_inputs(schema):
             found.append(qualname)
+            if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+                _writing_ops.add(qualname)
     _op_names_cache.clear()
     _op_names_cache[len(names)] = found
     return found
+
+
+_writing_ops: set = set()
+"""Candidate ops that write into an argument (in-place and out= forms)."""
+
+
+def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Callable[..., Any]:
+    """The rule for ops that write into an argument: also promotes a plain tensor being written,
+    whatever its size (torch crashes on a plain one-element destination next to a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    from ._ops import op_traits
+
+    Tensor = torch.Tensor
+
+    def dtensor_dispatch_rule_writes(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        result = base_rule(cls, func, types, args, kwargs)
+        if result is not NotImplemented:
+            return result
+        for position in op_traits(func).written:
+            if type(position) is int:
+                value = args[position] if position < len(args) else None
+            else:
+                value = kwargs.get(position)
+            if type(value) is DTensor:
+                continue
+            if isinstance(value, Tensor):
+                if not isinstance(value, DTensor):
+                    return handle_mixed(func, args, kwargs)
+            elif type(value) is list or type(value) is tuple:
+                for item in value:
+                    if isinstance(item, Tensor) and not isinstance(item, DTensor):
+                        return handle_mixed(func, args, kwargs)
+        return NotImplemented
+
+    return dtensor_dispatch_rule_writes
 
 
 def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
@@ -76,10 +114,16 @@ def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
         return False
 
     def dtensor_dispatch_rule(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        # _is_mixed_value inlined for positional arguments: no function call per argument.
         for value in args:
-            if type(value) is DTensor:
+            kind = type(value)
+            if kind is DTensor:
                 continue
-            if _is_mixed_value(value):
+            if kind is list or kind is tuple:
+                for item in value:
+                    if isinstance(item, Tensor) and not isinstance(item, DTensor) and item.numel() != 1:
+                        return handle_mixed(func, args, kwargs)
+            elif isinstance(value, Tensor) and not isinstance(value, DTensor) and value.numel() != 1:
                 return handle_mixed(func, args, kwargs)
         if kwargs:
             for value in kwargs.values():
@@ -103,6 +147,7 @@ class DispatchRuleInterceptor:
         self._registry = simple_registry.singleton
         self._dtensor = DTensor
         self._rule = make_dispatch_rule(handle_mixed)
+        self._write_rule = make_write_rule(self._rule, handle_mixed)
         self._handles: Dict[str, Any] = {}
         self._skipped: Dict[str, str] = {}
         self._lock = threading.Lock()
@@ -130,7 +175,8 @@ class DispatchRuleInterceptor:
             if existing is not None:
                 self._skipped[qualname] = f"another torch_dispatch rule for DTensor is registered: {existing!r}"
                 return
-            self._handles[qualname] = holder.register(self._dtensor, self._rule)
+            rule = self._write_rule if qualname in _writing_ops else self._rule
+            self._handles[qualname] = holder.register(self._dtensor, rule)
 
     def ensure_op(self, op: Any) -> None:
         """Hook an op defined after install() (called when a rule is registered for it)."""
@@ -147,7 +193,7 @@ class DispatchRuleInterceptor:
             for qualname, handle in self._handles.items():
                 holder = self._registry.find(qualname).torch_dispatch_rules
                 current = holder.find(self._dtensor)
-                if current is self._rule:
+                if current is self._rule or current is self._write_rule:
                     handle.destroy()
                 elif current is not None:
                     foreign.append(qualname)
@@ -164,4 +210,4 @@ class DispatchRuleInterceptor:
         """True if our rule is the live one for ``qualname``; None if we never hooked it."""
         if qualname not in self._handles:
             return None
-        return self._registry.find(qualname).torch_dispatch_rules.find(self._dtensor) is self._rule
+        return self._registry.find(qualname).torch_dispatch_rules.find(self._dtensor) in (self._rule, self._write_rule)

@@ -20,6 +20,10 @@ class Options:
 
     default: Rule = REPLICATE
     plain_grads: bool = True
+    check: str = "off"
+    """``"off"`` (default), ``"warn"`` or ``"raise"``: verify across ranks that each promoted operand fits its
+    rule (a ``"replicate"`` operand identical on every rank, a ``"local"`` one shaped as its placements imply);
+    one small collective per promoted operand and mesh dim."""
 
     def updated(self, **changes: Any) -> "Options":
         """A copy with ``changes`` applied, validated; unknown names raise ``TypeError``."""
@@ -31,6 +35,8 @@ class Options:
             validate_rule(changes["default"], "patch(default=...)")
         if "plain_grads" in changes and not isinstance(changes["plain_grads"], bool):
             raise TypeError(f"patch(plain_grads=...) must be a bool, got {changes['plain_grads']!r}")
+        if "check" in changes and changes["check"] not in ("off", "warn", "raise"):
+            raise ValueError(f"patch(check=...) must be 'off', 'warn' or 'raise', got {changes['check']!r}")
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from ._registry import registry
 log = logging.getLogger("keras_dtensor_mixfix")
 
 Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter  # plain too: ``type(p) is Parameter`` for an nn.Parameter that is no DTensor
 
 
 def needs_promotion(value: object) -> bool:
@@ -171,6 +173,9 @@ _SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
 # building one costs about 12 us, so promotions in eager mode reuse them. Never used while
 # tracing: sizes may be symbolic there.
 _SPEC_CACHE: Dict[Tuple[Any, ...], DTensorSpec] = {}
+# Fast path (see promote_call): (elementwise, plain shape, stride, dtype, peer spec) ->
+# (placements, local index or None for the whole tensor, spec of the promoted operand).
+_WHOLE_CACHE: Dict[Tuple[Any, ...], Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]] = {}
 # Every cache is bounded: eager code with ever-changing shapes must not grow them forever.
 _CACHE_LIMIT = 4096
 # Placement types whose specs may be shared; anything else (_StridedShard, user subclasses) is
@@ -182,7 +187,9 @@ def clear_caches() -> None:
     """Forget cached slicing decisions, specs and local readings (called by unpatch)."""
     _SLICE_CACHE.clear()
     _SPEC_CACHE.clear()
+    _WHOLE_CACHE.clear()
     _OP_INFO.clear()
+    _fast_options[:] = [None, False, False]
     _LOCAL_MEMO.clear()
 
 
@@ -252,6 +259,21 @@ def _wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], sha
 def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[DTensor, Tuple[Placement, ...]]:
     """``"replicate"``: ``operand`` is the same whole tensor on every rank."""
     plain = operand.tensor
+    if decision.placements is None and not operand.written and peer._spec.mesh is mesh:
+        plain_type = type(plain)
+        local_type = type(peer._local_tensor)
+        if (plain_type is _Tensor or plain_type is _Parameter) and (local_type is _Tensor or local_type is _Parameter):
+            # Eager, default decision: the fast path's cached answer (foreach rows come here).
+            key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
+            entry = _WHOLE_CACHE.get(key)
+            if entry is None:
+                entry = _whole_entry(operand, peer, traits)
+                _remember(_WHOLE_CACHE, key, entry)
+            placements, local_index, spec = entry
+            local = plain if local_index is None else plain[local_index]
+            if local.requires_grad:
+                local = local.detach()
+            return _new_dtensor(local, spec, True), placements
     if decision.placements is not None:
         placements = tuple(decision.placements)
         if any(isinstance(p, Partial) for p in placements):
@@ -299,8 +321,9 @@ def _choose_whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits:
                        f"register_rule({traits.name!r}, 'local')); if it is the whole tensor, its shape is wrong.",
             )
         return (Replicate(),) * mesh.ndim
-    if tuple(plain.shape) == tuple(peer.shape):
-        return aligned_placements(plain, peer)
+    # Not elementwise: a matching shape says nothing about which dims line up (a conv weight can
+    # have its input's shape), and DTensor strategies may mishandle an unexpectedly sharded
+    # operand, so the operand is replicated (still no communication).
     return (Replicate(),) * mesh.ndim
 
 
@@ -442,7 +465,8 @@ def build_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], operand
         mesh = peer.device_mesh  # type: ignore[attr-defined]
         if not any(mesh == known for known in meshes):
             meshes.append(mesh)
-    plain = tuple(o for o in operands if o.is_plain and o.tensor.numel() != 1)
+    # torch accepts one-element plain operands itself, except as the tensor an op writes into
+    plain = tuple(o for o in operands if o.is_plain and (o.written or o.tensor.numel() != 1))
     return MixedCall(func, args, kwargs, tuple(operands), plain, peers, meshes[0] if len(meshes) == 1 else None, tuple(meshes))  # type: ignore[arg-type]
 
 
@@ -450,13 +474,17 @@ class _OpInfo:
     """What promotion needs per op overload, looked up once per call (keyed by ``id(op)``: the
     entry holds the op, so the id cannot be reused while the entry exists)."""
 
-    __slots__ = ("op", "traits", "call")
+    __slots__ = ("op", "traits", "call", "may_fast", "rule", "version", "stats_key")
 
     def __init__(self, op: Any) -> None:
         self.op = op
         self.traits = op_traits(op)
         # OpOverload.__call__ only forwards to ``_op``; calling that directly saves a Python frame.
         self.call = op._op if type(op) is torch._ops.OpOverload else op
+        self.may_fast = not self.traits.foreach
+        self.rule: Any = None
+        self.version = -1  # the registry's version ``rule`` was looked up at
+        self.stats_key = (self.traits.name, REPLICATE)
 
 
 _OP_INFO: Dict[int, _OpInfo] = {}
@@ -471,14 +499,133 @@ def _op_info(func: Any) -> _OpInfo:
 
 
 def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    """Entry point from the dispatch hook: promote, run, and fix up gradients."""
-    traits = _op_info(func).traits
-    if traits.foreach:
+    """Entry point from the dispatch hook: promote, run, and fix up gradients.
+
+    The common case takes a fast path that does exactly what the general path does (same
+    placements, same errors, same gradient hook and stats) without its per-call objects: in
+    eager mode, one DTensor and one plain tensor among the positional arguments (no other
+    tensors anywhere), the plain one not written by the op, under the ``"replicate"`` rule given
+    as a name. Its per-call work is cached per (op kind, plain shape/stride/dtype, peer spec).
+    """
+    info = _OP_INFO.get(id(func))
+    if info is None or info.op is not func:
+        info = _op_info(func)
+    traits = info.traits
+    if info.may_fast:
+        peer: Any = None
+        plain: Any = None
+        index = -1
+        position = 0
+        for value in args:
+            kind = type(value)
+            if kind is DTensor:
+                if peer is not None:
+                    break
+                peer = value
+            elif kind is _Tensor or kind is _Parameter:
+                if plain is not None:
+                    break
+                plain = value
+                index = position
+            elif kind is list or kind is tuple:
+                if any(isinstance(item, _Tensor) for item in value):
+                    break
+            elif isinstance(value, _Tensor):
+                break
+            position += 1
+        else:
+            if peer is not None and plain is not None and index not in traits.written \
+                    and (not kwargs or _no_tensors(kwargs)):
+                # Eager only: while torch.compile traces, the local tensor is fake/functional, and
+                # a slice offset of this rank must never be baked into a graph (see promote_whole).
+                local_type = type(peer._local_tensor)
+                if (local_type is _Tensor or local_type is _Parameter) and plain.numel() != 1:
+                    version = registry.version
+                    if info.version != version:
+                        info.rule = registry.lookup(func)
+                        info.version = version
+                    rule = info.rule
+                    options = _current_options()
+                    if options is not _fast_options[0]:
+                        _fast_options[:] = [options, *_fast_option_flags(options)]
+                    if _fast_options[2] and (_fast_options[1] if rule is None
+                                             else type(rule) is str and rule == REPLICATE):
+                        key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
+                        entry = _WHOLE_CACHE.get(key)
+                        if entry is None:
+                            # Raises the general path's errors.
+                            entry = _whole_entry(Operand((index,), plain, True, False), peer, traits)
+                            _remember(_WHOLE_CACHE, key, entry)
+                        return _run_one_whole(info, args, kwargs, plain, index, entry)
+    elif traits.foreach:
         from ._foreach import foreach_call
 
         return foreach_call(func, args, kwargs, traits)
     new_args, new_kwargs, promoted = promote_operands(func, args, kwargs, traits)
     return run_promoted(func, traits, new_args, new_kwargs, promoted)
+
+
+# [options, default rule is "replicate" by name, fast path allowed by the options]. Options
+# objects are immutable (``Options.updated`` makes a new one), so identity says when to recompute.
+_fast_options: List[Any] = [None, False, False]
+
+
+def _fast_option_flags(options: Any) -> Tuple[bool, bool]:
+    default = options.default
+    # Any option that adds per-operand work (e.g. a check mode) sends every call down the general path.
+    allowed = getattr(options, "check", "off") == "off"
+    return type(default) is str and default == REPLICATE, allowed
+
+
+def _no_tensors(kwargs: Dict[str, Any]) -> bool:
+    for value in kwargs.values():
+        if isinstance(value, _Tensor):
+            return False
+        if (type(value) is list or type(value) is tuple) and any(isinstance(item, _Tensor) for item in value):
+            return False
+    return True
+
+
+def _run_one_whole(info: _OpInfo, args: Tuple[Any, ...], kwargs: Dict[str, Any], plain: torch.Tensor, index: int,
+                   entry: Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]) -> Any:
+    """The fast path's promotion and call: the general path's ``promote_whole`` + ``run_promoted``."""
+    placements, local_index, spec = entry
+    local = plain if local_index is None else plain[local_index]
+    if local.requires_grad:
+        local = local.detach()
+    if _dtensor_new is not None:
+        promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
+    else:
+        promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+    if len(args) == 2 and not kwargs:
+        new_args = (promoted, args[1]) if index == 0 else (args[0], promoted)
+    else:
+        new_args = args[:index] + (promoted,) + args[index + 1:]
+    try:
+        result = info.call(*new_args, **kwargs)
+    except MixedOperandError:
+        raise
+    except Exception as exc:
+        raise _op_failed(info.traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs, exc) from exc
+    if plain.requires_grad and _current_options().plain_grads:
+        _grad.ensure_plain_grad(plain, REPLICATE, placements, info.traits.name)
+    _stats.record_key(info.stats_key)
+    return result
+
+
+def _whole_entry(operand: Operand, peer: DTensor, traits: OpTraits) -> Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]:
+    """What promote_whole decides for an eager plain operand under the default decision, for the
+    cache: placements, the index of this rank's piece (None: all of it) and the spec."""
+    plain = operand.tensor
+    mesh = peer.device_mesh
+    placements = _choose_whole_placements(operand, peer, mesh, traits)
+    shape = tuple(plain.shape)
+    local_index: Optional[Tuple[slice, ...]] = None
+    if not all(p.is_replicate() for p in placements):
+        local_index = _local_slice(shape, mesh, placements)
+        if all(piece.start == 0 and piece.stop == size for piece, size in zip(local_index, shape)):
+            local_index = None  # this rank's piece is all of it (e.g. a mesh dim of size 1)
+    return placements, local_index, _spec(mesh, placements, shape, plain.stride(), plain.dtype, cache=True)
 
 
 Promoted = List[Tuple[Operand, DTensor, Decision, Tuple[Placement, ...]]]
@@ -491,7 +638,12 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
     rule = registry.lookup(func)
     if rule is None:
         rule = options.default
-    decisions = _decide(call, rule, traits)
+    try:
+        decisions = _decide(call, rule, traits)
+    except (TypeError, ValueError) as exc:
+        # Raised inside an operator: Python would turn a TypeError from Tensor.__mul__ into
+        # "unsupported operand type(s)" and lose this message.
+        raise MixedOperandError(f"keras_dtensor_mixfix: {exc}") from exc
     promoted: Promoted = []
     replacements: Dict[Tuple[Any, ...], DTensor] = {}
     peers = _PeerIndex(call.operands)
@@ -521,18 +673,39 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
 
 
 def run_promoted(func: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: Promoted) -> Any:
+    options = _current_options()
+    if options.check != "off":
+        # Before the op: a rank whose operand breaks the assumption may fail inside the op, and
+        # every rank must reach the check's collective.
+        _check_promoted(options.check, traits, promoted)
     try:
         result = _op_info(func).call(*args, **kwargs)
     except MixedOperandError:
         raise
     except Exception as exc:
         raise _op_failed(traits, [(o.label, d.kind, p) for o, _, d, p in promoted], args, kwargs, exc) from exc
-    if _current_options().plain_grads:
+    if options.plain_grads:
         for operand, _, decision, placements in promoted:
             if operand.tensor.requires_grad:
                 _grad.ensure_plain_grad(operand.tensor, decision.kind, placements, traits.name)
     _stats.record(traits.name, [d.kind for _, _, d, _ in promoted])
+    for operand, dtensor, _, _ in promoted:
+        if operand.written and result is dtensor:
+            return operand.tensor  # an in-place op on a plain tensor returns that tensor, as in torch
     return result
+
+
+def _check_promoted(mode: str, traits: OpTraits, promoted: Promoted) -> None:
+    from . import _check
+
+    for operand, dtensor, decision, placements in promoted:
+        if is_traced(operand.tensor):
+            continue  # no collectives while torch.compile traces
+        if decision.kind == REPLICATE:
+            _check.check_replicated(mode, traits.name, operand.label, operand.tensor, dtensor.device_mesh)
+        else:
+            _check.check_local(mode, traits.name, operand.label, operand.tensor, dtensor.device_mesh, placements,
+                               tuple(dtensor.shape))
 
 
 def _op_failed(traits: OpTraits, described: List[Tuple[str, str, Tuple[Placement, ...]]], args: Tuple[Any, ...],

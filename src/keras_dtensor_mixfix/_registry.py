@@ -66,6 +66,8 @@ class RuleRegistry:
         self._cache: Dict[object, object] = {}
         self._counter = itertools.count()
         self._listeners: List[Callable[[object], None]] = []
+        self.version = 0
+        """Bumped by every change (and by clear_cache): callers that keep a looked-up rule compare it."""
 
     def add_listener(self, listener: Callable[[object], None]) -> None:
         """Call ``listener(resolved_op)`` after each registration, ``listener(None)`` after a removal."""
@@ -79,6 +81,7 @@ class RuleRegistry:
             handle = RuleHandle(self, key, rule, source, next(self._counter))
             self._entries.append(handle)
             self._cache.clear()
+            self.version += 1
         log.debug("registered rule %r for %s (from %s)", rule, key, source)
         for listener in list(self._listeners):
             listener(resolved)
@@ -94,6 +97,7 @@ class RuleRegistry:
                 if entry is handle:
                     del self._entries[index]
                     self._cache.clear()
+                    self.version += 1
                     log.debug("removed rule %r for %s", handle.rule, handle.op)
                     break
             else:
@@ -125,6 +129,7 @@ class RuleRegistry:
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+            self.version += 1
 
 
 registry = RuleRegistry()
