@@ -110,6 +110,9 @@ def toggle_while_ops_run(world_size, cycles):
     torch.manual_seed(0)
     a, b, plain = torch.randn(8, 4), torch.randn(8, 4), torch.randn(8, 4)
     da, db = shard(a, m, placements_for(m, 0)), shard(b, m, placements_for(m, 0))
+    # references computed up front: the threads must not run collectives (ranks' threads race)
+    expected_pure = da.to_local() * db.to_local()
+    expected_mixed = (da * shard(plain, m, placements_for(m, 0))).to_local()
     stop = threading.Event()
     problems = []
     counts = {"pure": 0, "mixed": 0, "refused": 0}
@@ -117,7 +120,7 @@ def toggle_while_ops_run(world_size, cycles):
     def work():
         while not stop.is_set():
             try:
-                if not torch.equal((da * db).to_local(), (da.to_local() * db.to_local())):
+                if not torch.equal((da * db).to_local(), expected_pure):
                     problems.append("pure op gave a wrong value")
                 counts["pure"] += 1
                 try:
@@ -127,7 +130,7 @@ def toggle_while_ops_run(world_size, cycles):
                         problems.append(f"unexpected error: {exc}")
                     counts["refused"] += 1
                     continue
-                if not torch.equal(out.to_local(), (da * shard(plain, m, placements_for(m, 0))).to_local()):
+                if not torch.equal(out.to_local(), expected_mixed):
                     problems.append("mixed op gave a wrong value")
                 counts["mixed"] += 1
             except BaseException as exc:  # noqa: BLE001 - reported below
