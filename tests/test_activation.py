@@ -216,7 +216,7 @@ print("records_after_repatch", len(_packs.pack_records()))
 def test_rule_packs_from_an_installed_distribution(tmp_path):
     result = _python(PACK_REPORT, {"KERAS_DTENSOR_MIXFIX": "0"}, extra_path=_install_dummy_packs(tmp_path))
     out = _ok(result)
-    assert "pack builtin loaded 16" in out
+    assert "pack builtin loaded 21" in out
     assert "pack dummy loaded 2" in out
     assert "rule aten::mm.default local pack:dummy" in out and "rule aten::bmm error pack:dummy" in out
     # a pack that raises is skipped with nothing half-registered; one that fails to import is skipped

@@ -48,10 +48,62 @@ def parameters_are_whole(call: MixedCall) -> Dict[Position, Optional[str]]:
     return answer
 
 
+def _sharded_beyond_batch(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(tensor, DTensor) and any(
+        isinstance(p, Shard) and (p.dim % tensor.ndim) != 0 for p in tensor.placements)
+
+
+def _is_sharded(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements)
+
+
+# Mixed calls on which torch 2.13's DTensor itself returns wrong numbers (the op sweep found them
+# wrong with every operand a DTensor too): refused with a clear error rather than promoted into
+# a silently wrong result. Each entry: op -> (condition on the call, what goes wrong).
+KNOWN_WRONG_IN_DTENSOR = {
+    "aten::convolution": (lambda call: _sharded_beyond_batch(call.args[0]) or (
+        _is_sharded(call.args[0]) and call.args[0].ndim < call.args[1].ndim),
+        "DTensor's convolution of an input sharded on a channel or spatial dim returns a wrong shape and values"),
+    "aten::addmv_": (lambda call: True, "DTensor's in-place addmv_ loses or garbles the write"),
+    "aten::_batch_norm_with_update": (lambda call: True,
+                                      "DTensor's _batch_norm_with_update updates the running statistics wrongly"),
+    "aten::scatter_add_": (lambda call: _is_sharded(call.args[0]),
+                           "DTensor's scatter_add_ on a sharded tensor leaves a corrupt, rank-dependent result"),
+    "aten::scatter_add": (lambda call: _is_sharded(call.args[0]),
+                          "DTensor's scatter_add on a sharded tensor gives a corrupt, rank-dependent result"),
+}
+
+
+def refuse_known_wrong(call: MixedCall) -> Optional[str]:
+    """Raise for calls DTensor computes wrongly; otherwise leave the decision to the default (None)."""
+    from ._errors import promotion_error
+
+    condition, what = KNOWN_WRONG_IN_DTENSOR[call.op._schema.name]
+    if condition(call):
+        operand = call.plain[0] if call.plain else None
+        raise promotion_error(
+            f"{call.op._schema.name}.{call.op._overloadname}",
+            f"{what} (torch 2.13, measured by the op sweep); promoting the plain operand would hide that",
+            operand_label=operand.label if operand else None, operand=operand.tensor if operand else None,
+            peers=call.peers,
+            advice="Redistribute the DTensor operands to Replicate (or run this op on plain tensors) first.",
+        )
+    return None
+
+
 @hookimpl
 def register_rules(register: Callable[[Any, Any], Any]) -> None:
     for op in PARAMETER_OPS:
         try:
             register(op, parameters_are_whole)
         except ValueError:  # an op this torch build does not have
+            log.debug("built-in pack: %s does not exist in this torch; skipped", op)
+    for op in KNOWN_WRONG_IN_DTENSOR:
+        try:
+            register(op, refuse_known_wrong)
+        except ValueError:
             log.debug("built-in pack: %s does not exist in this torch; skipped", op)
