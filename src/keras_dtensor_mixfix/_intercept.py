@@ -71,9 +71,31 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
     Tensor = torch.Tensor
 
     def dtensor_dispatch_rule_writes(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        result = base_rule(cls, func, types, args, kwargs)
-        if result is not NotImplemented:
-            return result
+        # One pass does base_rule's job and notes whether any plain one-element tensor is present:
+        # without one (every pure-DTensor in-place call) nothing is written into a plain tensor
+        # and the per-op lookup below is skipped, so in-place DTensor ops cost what others do.
+        small = False
+        for value in args:
+            kind = type(value)
+            if kind is DTensor:
+                continue
+            if kind is list or kind is tuple:
+                for item in value:
+                    if isinstance(item, Tensor) and not isinstance(item, DTensor):
+                        if item.numel() != 1:
+                            return handle_mixed(func, args, kwargs)
+                        small = True
+            elif isinstance(value, Tensor) and not isinstance(value, DTensor):
+                if value.numel() != 1:
+                    return handle_mixed(func, args, kwargs)
+                small = True
+        if kwargs:
+            result = base_rule(cls, func, types, args, kwargs)
+            if result is not NotImplemented:
+                return result
+            small = True  # (rare) let the written-argument check below look at kwargs too
+        if not small:
+            return NotImplemented
         for position in op_traits(func).written:
             if type(position) is int:
                 value = args[position] if position < len(args) else None
