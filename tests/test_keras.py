@@ -141,6 +141,7 @@ def keras_fit(world_size, kind, optimizer, input_kind="numpy", jit=False, epochs
         predicted = model.predict(x, batch_size=batch_size, verbose=0)
     finally:
         keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
 
     # single-device reference: same initial weights, same data, plain tensors
     reference = _model("ref_")
@@ -205,9 +206,6 @@ def save_sharded(world_size, directory):
         weights = model.get_weights()
         # load a single-device checkpoint into the sharded model
         single = np.load(os.path.join(directory, "single.npz"))
-        plain = _model("plain_")
-        plain.set_weights([single[f"w{i}"] for i in range(len(single.files))])
-        plain.save_weights(os.path.join(directory, f"single_rank{keras.distribution.distribution()._process_id if False else 0}.weights.h5")) if False else None
         model.load_weights(os.path.join(directory, "single.weights.h5"))
         loaded = model.get_weights()
         placements = str(tuple(model.layers[0].kernel.value.placements))
@@ -216,6 +214,7 @@ def save_sharded(world_size, directory):
         reloaded_weights = reloaded.get_weights()
     finally:
         keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
     for got, want in zip(loaded, [single[f"w{i}"] for i in range(len(single.files))]):
         np.testing.assert_array_equal(got, want)
     for got, want in zip(reloaded_weights, weights):
@@ -278,6 +277,7 @@ def distribution_api(world_size):
         out["bad_axis"] = "no error"
     except ValueError as exc:
         out["bad_axis"] = str(exc)
+    keras_integration.uninstall()
     return out
 
 

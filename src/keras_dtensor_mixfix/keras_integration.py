@@ -36,6 +36,7 @@ __all__ = ["install", "uninstall", "is_installed", "report"]
 _lock = threading.RLock()
 _installed: Optional["_Patches"] = None
 _report: List[str] = []
+_patched_here = False
 
 
 class _Patches:
@@ -117,8 +118,10 @@ def install() -> bool:
         _report[:] = added
         from ._patching import is_patched, patch
 
+        global _patched_here
         if not is_patched():
             patch()  # promotion is the safety net for plain tensors that still meet DTensors
+            _patched_here = True
         log.info("keras_dtensor_mixfix: Keras distribution support installed (%s)", "; ".join(added))
         return True
 
@@ -131,6 +134,12 @@ def uninstall() -> None:
         _installed.restore()
         _installed = None
         _report.clear()
+        global _patched_here
+        if _patched_here:  # undo only the patch install() made
+            from ._patching import unpatch
+
+            _patched_here = False
+            unpatch()
 
 
 # --------------------------------------------------------------------------- distribution_lib
