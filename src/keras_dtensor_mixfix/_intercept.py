@@ -81,7 +81,8 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
                 continue
             if kind is list or kind is tuple:
                 for item in value:
-                    if isinstance(item, Tensor) and not isinstance(item, DTensor):
+                    # ``type(item) is DTensor`` first: foreach lists of parameters are long.
+                    if type(item) is not DTensor and isinstance(item, Tensor) and not isinstance(item, DTensor):
                         if item.numel() != 1:
                             return handle_mixed(func, args, kwargs)
                         small = True
@@ -143,7 +144,9 @@ def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
                 continue
             if kind is list or kind is tuple:
                 for item in value:
-                    if isinstance(item, Tensor) and not isinstance(item, DTensor) and item.numel() != 1:
+                    # ``type(item) is DTensor`` first: foreach lists of parameters are long.
+                    if type(item) is not DTensor and isinstance(item, Tensor) and not isinstance(item, DTensor) \
+                            and item.numel() != 1:
                         return handle_mixed(func, args, kwargs)
             elif isinstance(value, Tensor) and not isinstance(value, DTensor) and value.numel() != 1:
                 return handle_mixed(func, args, kwargs)
