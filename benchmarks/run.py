@@ -43,6 +43,7 @@ TARGETS = {
     "P1": ("mixed patched / mixed under implicit_replication()", 0.25),
     "P2": ("mixed patched / pure DTensor op (both Shard(0))", 2.0),
     "P3": ("pure DTensor op, patched / unpatched", 1.05),
+    "P3b": ("pure in-place DTensor op (copy_), patched / unpatched", 1.05),
     "P4": ("plain-tensor op, patched / unpatched", 1.02),
 }
 
@@ -101,11 +102,15 @@ def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str,
     mesh = init_device_mesh("cpu", (1,))
     a = distribute_tensor(torch.randn(SHAPE), mesh, [Shard(0)])
     b = distribute_tensor(torch.randn(SHAPE), mesh, [Shard(0)])
+    c = distribute_tensor(torch.randn(SHAPE), mesh, [Shard(0)])
     plain = torch.randn(SHAPE)
     plain2 = torch.randn(SHAPE)
 
     def pure() -> Any:
         return a * b
+
+    def pure_inplace() -> Any:
+        return c.copy_(b)  # an op that writes into an argument: those get a different rule
 
     def plain_op() -> Any:
         return plain * plain2
@@ -128,7 +133,7 @@ def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str,
     extra["first_unpatch_ms"] = (time.perf_counter() - start) * 1e3
 
     # Warm every path once (sharding-propagation caches, our caches).
-    for fn in (pure, plain_op):
+    for fn in (pure, pure_inplace, plain_op):
         timed(fn, 200)
     with implicit_replication():
         timed(mixed, 200)
@@ -144,6 +149,7 @@ def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str,
                 data.add("patch() ms", (time.perf_counter() - start) * 1e3)
                 timed(mixed, 100)  # refill caches that unpatch() cleared
                 data.add("pure patched", timed(pure, calls))
+                data.add("pure in-place patched", timed(pure_inplace, calls))
                 data.add("plain patched", timed(plain_op, plain_calls))
                 data.add("mixed patched", timed(mixed, calls))
                 start = time.perf_counter()
@@ -151,6 +157,7 @@ def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str,
                 data.add("unpatch() ms", (time.perf_counter() - start) * 1e3)
             else:
                 data.add("pure unpatched", timed(pure, calls))
+                data.add("pure in-place unpatched", timed(pure_inplace, calls))
                 data.add("plain unpatched", timed(plain_op, plain_calls))
                 data.add("mixed implicit_replication", implicit())
     return data, extra
@@ -301,6 +308,10 @@ _ACTIVATE = (
     "print((time.perf_counter() - t) * 1e3)"
 )
 _IMPORT_TORCH = "import time; t = time.perf_counter(); import torch; print((time.perf_counter() - t) * 1e3)"
+_FIRST_PATCH = (
+    "import time, torch, torch.distributed.tensor; t = time.perf_counter(); import keras_dtensor_mixfix as mf; "
+    "mf.patch(); print((time.perf_counter() - t) * 1e3)"
+)
 _IMPORT_DTENSOR = (
     "import time, torch; t = time.perf_counter(); import torch.distributed.tensor; "
     "print((time.perf_counter() - t) * 1e3)"
@@ -316,6 +327,8 @@ def _child(code: str, **env: str) -> float:
 
 def import_cases(runs: int) -> Rounds:
     variants = [
+        ("first patch() in a fresh process, package import included (KERAS_DTENSOR_MIXFIX=0) ms", _FIRST_PATCH,
+         {"KERAS_DTENSOR_MIXFIX": "0"}),
         ("activate(): import + run of the entry point (TORCH_DEVICE_BACKEND_AUTOLOAD=0, called by hand) ms",
          _ACTIVATE, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
         ("import torch, auto-activation on ms", _IMPORT_TORCH, {}),
@@ -379,6 +392,7 @@ def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: D
         "P1": ratio("mixed patched", "mixed implicit_replication"),
         "P2": ratio("mixed patched", "pure patched"),
         "P3": ratio("pure patched", "pure unpatched"),
+        "P3b": ratio("pure in-place patched", "pure in-place unpatched"),
         "P4": ratio("plain patched", "plain unpatched"),
     }
     lines.append("| target | ratio (min) | ratio (median) | target | verdict |")
@@ -389,19 +403,24 @@ def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: D
         out["targets"][key] = {"what": text, "ratio_min": lo, "ratio_median": mid, "target": target, "verdict": verdict}
         lines.append(f"| {key} {text} | {lo:.3f} | {mid:.3f} | <= {target} | {verdict} |")
     p = per.stat("patch() ms")
-    lines.append(f"| P5a patch() wall time (re-patch; first patch() {extra['first_patch_ms']:.0f} ms) | "
-                 f"{p['min']:.1f} ms | {p['median']:.1f} ms | <= 100 ms | "
-                 f"{_verdict(max(p['median'], extra['first_patch_ms']), 100)} |")
-    out["targets"]["P5a"] = {"patch_ms": p, "first_patch_ms": extra["first_patch_ms"]}
+    if imports is not None:
+        first = imports.stat(next(n for n in imports.samples if n.startswith("first patch()")))
+        lines.append(f"| P5a first patch() in a fresh process (package import included) | {first['min']:.1f} ms | "
+                     f"{first['median']:.1f} ms | <= 100 ms | {_verdict(first['median'], 100)} |")
+        out["targets"]["P5a"] = {"first_patch_ms": first}
+    lines.append(f"| P5a' patch() again after unpatch() (in this process; its first patch() "
+                 f"{extra['first_patch_ms']:.0f} ms) | {p['min']:.1f} ms | {p['median']:.1f} ms | <= 100 ms | "
+                 f"{_verdict(p['median'], 100)} |")
+    out["targets"]["P5a'"] = {"patch_ms": p, "first_patch_ms_in_process": extra["first_patch_ms"]}
     if imports is not None:
         act = imports.stat(next(n for n in imports.samples if n.startswith("activate()")))
         on = imports.stat("import torch, auto-activation on ms")
         off = imports.stat("import torch, TORCH_DEVICE_BACKEND_AUTOLOAD=0 ms")
         lines.append(f"| P5b time added to import torch: activate() measured directly | {act['min']:.1f} ms | "
                      f"{act['median']:.1f} ms | <= 20 ms | {_verdict(act['median'], 20)} |")
-        lines.append(f"| P5b cross-check: import torch on - autoload off (difference, noisy) | "
-                     f"{on['min'] - off['min']:.1f} ms | {on['median'] - off['median']:.1f} ms | <= 20 ms | "
-                     f"{_verdict(on['min'] - off['min'], 20)} |")
+        lines.append(f"| P5b cross-check (information: import torch varies by tens of ms run to run): "
+                     f"import torch, auto-activation on - TORCH_DEVICE_BACKEND_AUTOLOAD=0 | "
+                     f"{on['min'] - off['min']:.1f} ms | {on['median'] - off['median']:.1f} ms | | |")
         out["targets"]["P5b"] = {"activate_ms": act, "import_on_ms": on, "import_autoload_off_ms": off}
     lines.append("| P6 Keras step | | | | pending the Keras integration |")
     text = "\n".join(lines)

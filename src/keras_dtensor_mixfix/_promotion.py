@@ -556,7 +556,37 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                             # Raises the general path's errors.
                             entry = _whole_entry(Operand((index,), plain, True, False), peer, traits)
                             _remember(_WHOLE_CACHE, key, entry)
-                        return _run_one_whole(info, args, kwargs, plain, index, entry)
+                        # The general path's promote_whole + run_promoted, inlined (a call costs).
+                        placements, local_index, spec = entry
+                        if local_index is not None:
+                            local = plain[local_index]
+                            if local.requires_grad:
+                                local = local.detach()
+                        elif plain.requires_grad:
+                            local = plain.detach()
+                        else:
+                            local = plain
+                        if _dtensor_new is not None:
+                            promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
+                        else:
+                            promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+                        if index == 0:
+                            new_args = (promoted,) + args[1:]
+                        elif index == 1 and len(args) == 2:
+                            new_args = (args[0], promoted)
+                        else:
+                            new_args = args[:index] + (promoted,) + args[index + 1:]
+                        try:
+                            result = info.call(*new_args, **kwargs)
+                        except MixedOperandError:
+                            raise
+                        except Exception as exc:
+                            raise _op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs,
+                                             exc) from exc
+                        if plain.requires_grad and options.plain_grads:
+                            _grad.ensure_plain_grad(plain, REPLICATE, placements, traits.name)
+                        _stats.record_key(info.stats_key)
+                        return result
     elif traits.foreach:
         from ._foreach import foreach_call
 
@@ -584,33 +614,6 @@ def _no_tensors(kwargs: Dict[str, Any]) -> bool:
         if (type(value) is list or type(value) is tuple) and any(isinstance(item, _Tensor) for item in value):
             return False
     return True
-
-
-def _run_one_whole(info: _OpInfo, args: Tuple[Any, ...], kwargs: Dict[str, Any], plain: torch.Tensor, index: int,
-                   entry: Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]) -> Any:
-    """The fast path's promotion and call: the general path's ``promote_whole`` + ``run_promoted``."""
-    placements, local_index, spec = entry
-    local = plain if local_index is None else plain[local_index]
-    if local.requires_grad:
-        local = local.detach()
-    if _dtensor_new is not None:
-        promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
-    else:
-        promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
-    if len(args) == 2 and not kwargs:
-        new_args = (promoted, args[1]) if index == 0 else (args[0], promoted)
-    else:
-        new_args = args[:index] + (promoted,) + args[index + 1:]
-    try:
-        result = info.call(*new_args, **kwargs)
-    except MixedOperandError:
-        raise
-    except Exception as exc:
-        raise _op_failed(info.traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs, exc) from exc
-    if plain.requires_grad and _current_options().plain_grads:
-        _grad.ensure_plain_grad(plain, REPLICATE, placements, info.traits.name)
-    _stats.record_key(info.stats_key)
-    return result
 
 
 def _whole_entry(operand: Operand, peer: DTensor, traits: OpTraits) -> Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]:

@@ -1,0 +1,92 @@
+"""Where the time of one mixed op goes: the floor of the dispatch-rule design, measured.
+
+    python benchmarks/mixed_breakdown.py
+
+World size 1, 64x64 float32, ``a * plain`` with ``a`` Shard(0). Every row is microseconds per call
+(min of 9 repeats of 20000 calls, timeit), all in one process:
+
+- torch's own costs: the pure DTensor op through ``Tensor.__mul__`` and through ``OpOverload._op``
+  (how a dispatch rule must re-call the op), and the mixed op under ``implicit_replication()``;
+- the floor of any per-op dispatch rule: a rule (our scan) whose handler returns a ready DTensor
+  (entering Python from the dispatcher and back), and one whose handler re-calls the op with two
+  ready DTensors (entry + re-dispatch);
+- ours: ``promote_call`` called directly (promotion + re-dispatch, no entry), and the whole
+  patched mixed op; the difference to the floor is the promotion work itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import timeit
+
+os.environ["KERAS_DTENSOR_MIXFIX"] = "0"
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    import keras_dtensor_mixfix as mf
+    from keras_dtensor_mixfix import _promotion
+    from keras_dtensor_mixfix._intercept import DispatchRuleInterceptor
+
+    mesh = init_device_mesh("cpu", (1,))
+    a = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])
+    b = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])
+    plain = torch.randn(64, 64)
+    op = torch.ops.aten.mul.Tensor
+    names = {"a": a, "b": b, "plain": plain, "op": op, "opc": op._op, "DTensor": DTensor, "spec": a._spec,
+             "local": a._local_tensor, "P": _promotion}
+
+    def t(label: str, stmt: str, n: int = 20000) -> float:
+        value = min(timeit.repeat(stmt, globals=names, number=n, repeat=9)) / n * 1e6
+        print(f"{value:8.2f} us  {label}")
+        return value
+
+    print(f"torch {torch.__version__}, world size 1, 64x64 float32, min of 9 x 20000 calls")
+    pure = t("pure DTensor op a * b (Tensor.__mul__)", "a * b")
+    t("pure DTensor op via OpOverload._op(a, b) (how a rule re-calls)", "opc(a, b)")
+    with implicit_replication():
+        implicit = t("mixed a * plain under implicit_replication()", "a * plain")
+    t("DTensor construction from a ready spec (C++ constructor only)",
+      "DTensor.__new__(DTensor, local, spec, requires_grad=False)")
+
+    floor = DispatchRuleInterceptor(lambda func, args, kwargs: b)
+    floor.install()
+    entry = t("floor: rule + handler that returns a ready DTensor (entry into Python and back)", "a * plain")
+    floor.remove()
+    floor = DispatchRuleInterceptor(lambda func, args, kwargs: names["opc"](a, b))
+    floor.install()
+    redispatch = t("floor: rule + handler that re-calls the op on two ready DTensors", "a * plain")
+    floor.remove()
+
+    mf.patch()
+    direct = t("ours: promote_call(op, (a, plain), {}) called directly (no entry)", "P.promote_call(op, (a, plain), {})")
+    mixed = t("ours: mixed a * plain, patched", "a * plain")
+    mf.unpatch()
+    print()
+    print(f"entry (floor 1 - nothing)             ~{entry:.2f} us")
+    print(f"promotion work (mixed - floor 2)      ~{mixed - redispatch:.2f} us")
+    print(f"floor 2 / implicit_replication         {redispatch / implicit:.3f}  (the best P1 any re-dispatching rule can reach)")
+    print(f"floor 2 / pure                         {redispatch / pure:.3f}")
+    print(f"mixed / implicit_replication (P1)      {mixed / implicit:.3f}")
+    print(f"mixed / pure (P2)                      {mixed / pure:.3f}")
+    print(f"(promote_call direct: {direct:.2f} us)")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
