@@ -515,78 +515,91 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
         peer: Any = None
         plain: Any = None
         index = -1
-        position = 0
-        for value in args:
-            kind = type(value)
-            if kind is DTensor:
-                if peer is not None:
+        if len(args) == 2:
+            # The commonest shape of call, checked without the general scan below.
+            first, second = args
+            kind0 = type(first)
+            kind1 = type(second)
+            if kind0 is DTensor and (kind1 is _Tensor or kind1 is _Parameter):
+                peer, plain, index = first, second, 1
+            elif kind1 is DTensor and (kind0 is _Tensor or kind0 is _Parameter):
+                peer, plain, index = second, first, 0
+        if index < 0:
+            position = 0
+            for value in args:
+                kind = type(value)
+                if kind is DTensor:
+                    if peer is not None:
+                        peer = None
+                        break
+                    peer = value
+                elif kind is _Tensor or kind is _Parameter:
+                    if plain is not None:
+                        peer = None
+                        break
+                    plain = value
+                    index = position
+                elif kind is list or kind is tuple:
+                    if any(isinstance(item, _Tensor) for item in value):
+                        peer = None
+                        break
+                elif isinstance(value, _Tensor):
+                    peer = None
                     break
-                peer = value
-            elif kind is _Tensor or kind is _Parameter:
-                if plain is not None:
-                    break
-                plain = value
-                index = position
-            elif kind is list or kind is tuple:
-                if any(isinstance(item, _Tensor) for item in value):
-                    break
-            elif isinstance(value, _Tensor):
-                break
-            position += 1
-        else:
-            if peer is not None and plain is not None and index not in traits.written \
-                    and (not kwargs or _no_tensors(kwargs)):
-                # Eager only: while torch.compile traces, the local tensor is fake/functional, and
-                # a slice offset of this rank must never be baked into a graph (see promote_whole).
-                local_type = type(peer._local_tensor)
-                if (local_type is _Tensor or local_type is _Parameter) and plain.numel() != 1:
-                    version = registry.version
-                    if info.version != version:
-                        info.rule = registry.lookup(func)
-                        info.version = version
-                    rule = info.rule
-                    options = _current_options()
-                    if options is not _fast_options[0]:
-                        _fast_options[:] = [options, *_fast_option_flags(options)]
-                    if _fast_options[2] and (_fast_options[1] if rule is None
-                                             else type(rule) is str and rule == REPLICATE):
-                        key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
-                        entry = _WHOLE_CACHE.get(key)
-                        if entry is None:
-                            # Raises the general path's errors.
-                            entry = _whole_entry(Operand((index,), plain, True, False), peer, traits)
-                            _remember(_WHOLE_CACHE, key, entry)
-                        # The general path's promote_whole + run_promoted, inlined (a call costs).
-                        placements, local_index, spec = entry
-                        if local_index is not None:
-                            local = plain[local_index]
-                            if local.requires_grad:
-                                local = local.detach()
-                        elif plain.requires_grad:
-                            local = plain.detach()
-                        else:
-                            local = plain
-                        if _dtensor_new is not None:
-                            promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
-                        else:
-                            promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
-                        if index == 0:
-                            new_args = (promoted,) + args[1:]
-                        elif index == 1 and len(args) == 2:
-                            new_args = (args[0], promoted)
-                        else:
-                            new_args = args[:index] + (promoted,) + args[index + 1:]
-                        try:
-                            result = info.call(*new_args, **kwargs)
-                        except MixedOperandError:
-                            raise
-                        except Exception as exc:
-                            raise _op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs,
-                                             exc) from exc
-                        if plain.requires_grad and options.plain_grads:
-                            _grad.ensure_plain_grad(plain, REPLICATE, placements, traits.name)
-                        _stats.record_key(info.stats_key)
-                        return result
+                position += 1
+        if peer is not None and plain is not None and index not in traits.written \
+                and (not kwargs or _no_tensors(kwargs)):
+            # Eager only: while torch.compile traces, the local tensor is fake/functional, and
+            # a slice offset of this rank must never be baked into a graph (see promote_whole).
+            local_type = type(peer._local_tensor)
+            if (local_type is _Tensor or local_type is _Parameter) and plain.numel() != 1:
+                version = registry.version
+                if info.version != version:
+                    info.rule = registry.lookup(func)
+                    info.version = version
+                rule = info.rule
+                options = _current_options()
+                if options is not _fast_options[0]:
+                    _fast_options[:] = [options, *_fast_option_flags(options)]
+                if _fast_options[2] and (_fast_options[1] if rule is None
+                                         else type(rule) is str and rule == REPLICATE):
+                    key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
+                    entry = _WHOLE_CACHE.get(key)
+                    if entry is None:
+                        # Raises the general path's errors.
+                        entry = _whole_entry(Operand((index,), plain, True, False), peer, traits)
+                        _remember(_WHOLE_CACHE, key, entry)
+                    # The general path's promote_whole + run_promoted, inlined (a call costs).
+                    placements, local_index, spec = entry
+                    if local_index is not None:
+                        local = plain[local_index]
+                        if local.requires_grad:
+                            local = local.detach()
+                    elif plain.requires_grad:
+                        local = plain.detach()
+                    else:
+                        local = plain
+                    if _dtensor_new is not None:
+                        promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
+                    else:
+                        promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+                    if index == 0:
+                        new_args = (promoted,) + args[1:]
+                    elif index == 1 and len(args) == 2:
+                        new_args = (args[0], promoted)
+                    else:
+                        new_args = args[:index] + (promoted,) + args[index + 1:]
+                    try:
+                        result = info.call(*new_args, **kwargs)
+                    except MixedOperandError:
+                        raise
+                    except Exception as exc:
+                        raise _op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs,
+                                         exc) from exc
+                    if plain.requires_grad and options.plain_grads:
+                        _grad.ensure_plain_grad(plain, REPLICATE, placements, traits.name)
+                    _stats.record_key(info.stats_key)
+                    return result
     elif traits.foreach:
         from ._foreach import foreach_call
 
