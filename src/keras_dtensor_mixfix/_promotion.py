@@ -19,7 +19,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _grad, _stats
+from . import _direct, _grad, _stats
+from ._direct import IN_PLACE
 from ._grad import is_traced
 from ._decisions import ERROR, LOCAL, REPLICATE, Decision, MixedCall, Operand, as_decision
 from ._errors import MixedOperandError, describe_mesh, promotion_error
@@ -173,8 +174,9 @@ _SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
 # building one costs about 12 us, so promotions in eager mode reuse them. Never used while
 # tracing: sizes may be symbolic there.
 _SPEC_CACHE: Dict[Tuple[Any, ...], DTensorSpec] = {}
-# Fast path (see promote_call): (elementwise, plain shape, stride, dtype, peer spec) ->
-# (placements, local index or None for the whole tensor, spec of the promoted operand).
+# promote_whole's eager default (foreach rows): (elementwise, plain shape, stride, dtype, peer spec)
+# -> (placements, local index or None for the whole tensor, spec of the promoted operand). The
+# fast path keeps the same answers per op, with its direct plan (_OpInfo.fast).
 _WHOLE_CACHE: Dict[Tuple[Any, ...], Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]] = {}
 # Every cache is bounded: eager code with ever-changing shapes must not grow them forever.
 _CACHE_LIMIT = 4096
@@ -474,7 +476,7 @@ class _OpInfo:
     """What promotion needs per op overload, looked up once per call (keyed by ``id(op)``: the
     entry holds the op, so the id cannot be reused while the entry exists)."""
 
-    __slots__ = ("op", "traits", "call", "may_fast", "rule", "version", "stats_key")
+    __slots__ = ("op", "traits", "call", "may_fast", "rule", "version", "stats_key", "fast")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -485,6 +487,10 @@ class _OpInfo:
         self.rule: Any = None
         self.version = -1  # the registry's version ``rule`` was looked up at
         self.stats_key = (self.traits.name, REPLICATE)
+        # The fast path's decisions for this op: (plain's position, shape, stride, dtype, the
+        # DTensor's spec) -> [placements, local index, promoted spec, direct plan]; the plan is
+        # _UNDECIDED until the first 2-argument call of that shape has been re-dispatched.
+        self.fast: Dict[Tuple[Any, ...], List[Any]] = {}
 
 
 _OP_INFO: Dict[int, _OpInfo] = {}
@@ -505,7 +511,10 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
     placements, same errors, same gradient hook and stats) without its per-call objects: in
     eager mode, one DTensor and one plain tensor among the positional arguments (no other
     tensors anywhere), the plain one not written by the op, under the ``"replicate"`` rule given
-    as a name. Its per-call work is cached per (op kind, plain shape/stride/dtype, peer spec).
+    as a name. Its per-call work is cached per (op, plain position/shape/stride/dtype, peer spec).
+    With exactly two positional arguments and no kwargs it goes further once the first call of
+    a shape has shown that DTensor needs no redistribution for it: later calls run the op on the
+    local tensors and wrap the result as DTensor would (see ``_direct``), with no re-dispatch.
     """
     info = _OP_INFO.get(id(func))
     if info is None or info.op is not func:
@@ -563,14 +572,14 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                     _fast_options[:] = [options, *_fast_option_flags(options)]
                 if _fast_options[2] and (_fast_options[1] if rule is None
                                          else type(rule) is str and rule == REPLICATE):
-                    key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
-                    entry = _WHOLE_CACHE.get(key)
+                    key = (index, plain.shape, plain.stride(), plain.dtype, peer._spec)
+                    entry = info.fast.get(key)
                     if entry is None:
                         # Raises the general path's errors.
-                        entry = _whole_entry(Operand((index,), plain, True, False), peer, traits)
-                        _remember(_WHOLE_CACHE, key, entry)
+                        entry = [*_whole_entry(Operand((index,), plain, True, False), peer, traits), _UNDECIDED]
+                        _remember(info.fast, key, entry)
                     # The general path's promote_whole + run_promoted, inlined (a call costs).
-                    placements, local_index, spec = entry
+                    placements, local_index, spec, direct = entry
                     if local_index is not None:
                         local = plain[local_index]
                         if local.requires_grad:
@@ -579,23 +588,47 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                         local = plain.detach()
                     else:
                         local = plain
-                    if _dtensor_new is not None:
-                        promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
+                    two = len(args) == 2 and not kwargs
+                    if two and direct is not None and direct is not _UNDECIDED:
+                        # What DTensor would do with the promoted call, without building it
+                        # (see _direct): run the op on the local tensors and wrap the result.
+                        try:
+                            if index == 1:
+                                out = info.call(peer._local_tensor, local)
+                            else:
+                                out = info.call(local, peer._local_tensor)
+                        except Exception as exc:
+                            raise _op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], args, kwargs,
+                                             exc) from exc
+                        if direct is IN_PLACE:
+                            result = peer
+                        elif _dtensor_new is not None:
+                            result = _dtensor_new(DTensor, out, direct, requires_grad=out.requires_grad)
+                        else:
+                            result = DTensor(out, direct, requires_grad=out.requires_grad)  # type: ignore[call-arg]
                     else:
-                        promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
-                    if index == 0:
-                        new_args = (promoted,) + args[1:]
-                    elif index == 1 and len(args) == 2:
-                        new_args = (args[0], promoted)
-                    else:
-                        new_args = args[:index] + (promoted,) + args[index + 1:]
-                    try:
-                        result = info.call(*new_args, **kwargs)
-                    except MixedOperandError:
-                        raise
-                    except Exception as exc:
-                        raise _op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs,
-                                         exc) from exc
+                        if _dtensor_new is not None:
+                            promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
+                        else:
+                            promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+                        if index == 0:
+                            new_args = (promoted,) + args[1:]
+                        elif index == 1 and len(args) == 2:
+                            new_args = (args[0], promoted)
+                        else:
+                            new_args = args[:index] + (promoted,) + args[index + 1:]
+                        # The first call of each shape: decide (before an in-place op can change
+                        # anything) whether the next ones may skip the re-dispatch.
+                        planned = _direct.plan(func, new_args) if two and direct is _UNDECIDED else None
+                        try:
+                            result = info.call(*new_args, **kwargs)
+                        except MixedOperandError:
+                            raise
+                        except Exception as exc:
+                            raise _op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs,
+                                             exc) from exc
+                        if two and direct is _UNDECIDED:
+                            entry[3] = _direct.confirmed(planned, new_args, result)
                     if plain.requires_grad and options.plain_grads:
                         _grad.ensure_plain_grad(plain, REPLICATE, placements, traits.name)
                     _stats.record_key(info.stats_key)
@@ -611,6 +644,7 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
 # [options, default rule is "replicate" by name, fast path allowed by the options]. Options
 # objects are immutable (``Options.updated`` makes a new one), so identity says when to recompute.
 _fast_options: List[Any] = [None, False, False]
+_UNDECIDED = object()
 
 
 def _fast_option_flags(options: Any) -> Tuple[bool, bool]:

@@ -1,0 +1,221 @@
+"""The direct plan: after the first call of a shape, a mixed call runs the op on the local
+tensors and wraps the result as DTensor would, without re-dispatching.
+
+Every case is called three times: the first call re-dispatches (and decides), the later ones take
+the plan. Each call is compared with the single-process reference on plain tensors, and the later
+calls with the first one bit for bit (local values and the whole spec), on 2- and 4-rank meshes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _ranks import close, mesh_for, plain_grad, shard
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+WORLD_SIZES = [2, 4]
+
+
+def _plans(op):
+    """The direct plans the fast path holds for ``op`` (``_UNDECIDED`` entries excluded)."""
+    from keras_dtensor_mixfix import _promotion
+
+    info = _promotion._OP_INFO.get(id(op))
+    if info is None:
+        return []
+    return [entry[3] for entry in info.fast.values() if entry[3] is not _promotion._UNDECIDED]
+
+
+def _placements(m, kind):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    last = {"S0": Shard(0), "S1": Shard(1), "R": Replicate(), "P": Partial()}[kind]
+    if m.ndim == 2:
+        # the other mesh dim shards rows too where it can, so 2-D meshes mix placements
+        first = Shard(0) if kind in ("S1", "R") else Replicate()
+        return [first, last]
+    return [last]
+
+
+def _peer(m, full, kind):
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    placements = _placements(m, kind)
+    if kind == "P":
+        # Partial(sum) on the last mesh dim: each rank there holds full / size, summing to ``full``
+        whole = [Replicate() if isinstance(p, Partial) else p for p in placements]
+        local = shard(full, m, whole).to_local() / m.size(m.ndim - 1)
+        return DTensor.from_local(local, m, placements, run_check=False, shape=full.shape, stride=full.stride())
+    return shard(full, m, placements)
+
+
+# name: (peer shape, peer placement kind, plain factory, function, plain on the left, expect direct)
+CASES = {
+    "mul same shape Shard(0)": ((8, 6), "S0", lambda: torch.randn(8, 6), lambda d, p: d * p, False, True),
+    "add plain on the left": ((8, 6), "S0", lambda: torch.randn(8, 6), lambda d, p: p + d, True, True),
+    "sub Shard(1)": ((8, 6), "S1", lambda: torch.randn(8, 6), lambda d, p: d - p, False, True),
+    "div Replicate": ((8, 6), "R", lambda: torch.rand(8, 6) + 0.5, lambda d, p: d / p, False, True),
+    "uneven rows (5 over the mesh)": ((5, 3), "S0", lambda: torch.randn(5, 3), lambda d, p: d * p, False, True),
+    "broadcast row vector": ((8, 6), "S1", lambda: torch.randn(6), lambda d, p: d + p, False, True),
+    "broadcast column": ((8, 6), "S0", lambda: torch.randn(8, 1), lambda d, p: d * p, False, True),
+    "plain larger than the DTensor": ((6,), "S0", lambda: torch.randn(4, 6), lambda d, p: d * p, False, True),
+    "transposed plain": ((8, 6), "S0", lambda: torch.randn(6, 8).t(), lambda d, p: d * p, False, True),
+    "float64 plain": ((8, 6), "S0", lambda: torch.randn(8, 6, dtype=torch.float64), lambda d, p: d * p, False, True),
+    "int64 plain": ((8, 6), "S0", lambda: torch.randint(-3, 4, (8, 6)), lambda d, p: d + p, False, True),
+    "eq (bool result)": ((8, 6), "S0", lambda: torch.randint(0, 2, (8, 6)).float(),
+                         lambda d, p: (d > 0).float() == p, False, True),
+    "maximum": ((8, 6), "S1", lambda: torch.randn(8, 6), lambda d, p: torch.maximum(d, p), False, True),
+    "atan2 plain first": ((8, 6), "S0", lambda: torch.randn(8, 6), lambda d, p: torch.atan2(p, d), True, True),
+    "pow": ((8, 6), "S0", lambda: torch.rand(8, 6) * 2, lambda d, p: d.abs() ** p, False, True),
+    "mul Partial": ((8, 6), "P", lambda: torch.randn(8, 6), lambda d, p: d * p, False, None),
+    # Partial + Replicate must be redistributed (the sum would count the plain operand per rank)
+    "add Partial": ((8, 6), "P", lambda: torch.randn(8, 6), lambda d, p: d + p, False, False),
+    "in-place mul_": ((8, 6), "S0", lambda: torch.randn(8, 6), lambda d, p: d.clone().mul_(p), False, True),
+    "copy_ a full tensor into a shard": ((8, 6), "S1", lambda: torch.randn(8, 6),
+                                         lambda d, p: d.clone().copy_(p), False, True),
+    # kwargs (alpha) keep the re-dispatch: the plan covers two positional arguments only
+    "add with alpha": ((8, 6), "S0", lambda: torch.randn(8, 6), lambda d, p: torch.add(d, p, alpha=0.5), False, False),
+    # not elementwise: replicated plain operand, DTensor's own mm strategy
+    "mm": ((8, 6), "S0", lambda: torch.randn(6, 4), lambda d, p: d @ p, False, None),
+}
+
+
+def direct_case(world_size, name):
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import DTensor
+
+    shape, kind, make_plain, fn, _, expect_direct = CASES[name]
+    m = mesh_for(world_size)
+    torch.manual_seed(7)
+    full = torch.randn(shape)
+    plain = make_plain()
+    expected = fn(full, plain)
+    results = []
+    with mf.patched():
+        for _ in range(3):
+            peer = _peer(m, full, kind)
+            out = fn(peer, plain)
+            assert type(out) is DTensor
+            close(out, expected, name)
+            results.append(out)
+        plans = [plan for op in _ops_of(mf.stats()) for plan in _plans(op)]
+        direct = any(plan is not None for plan in plans)
+    first = results[0]
+    for later in results[1:]:
+        assert later._spec == first._spec, (name, later._spec, first._spec)
+        assert later.placements == first.placements
+        assert later.to_local().stride() == first.to_local().stride(), name
+        assert torch.equal(later.to_local(), first.to_local()), name
+    if expect_direct is not None:
+        assert direct == expect_direct, (name, plans)
+    return direct
+
+
+def _ops_of(stats):
+    from keras_dtensor_mixfix._ops import resolve_op
+
+    return [resolve_op(name) for name in stats]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_direct_plan_matches_dtensor_and_the_reference(world_size, name):
+    run_on_ranks(direct_case, world_size, name, world_size=world_size)
+
+
+def direct_gradients(world_size):
+    """Forward and backward in a loop: later iterations take the plan in both directions
+    (backward meets the DTensor gradient with the plain operand: a mixed call too)."""
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(11)
+    w_full, x_full, row = torch.randn(8, 6), torch.randn(8, 6), torch.randn(6)
+    rw, rx, rrow = (t.clone().requires_grad_() for t in (w_full, x_full, row))
+    ((rw * rx - rrow) / (rx.abs() + 1)).pow(2).sum().backward()
+
+    w = shard(w_full, m, [Shard(0)] * (m.ndim - 1) + [Shard(1)], True)
+    x = x_full.clone().requires_grad_()
+    r = row.clone().requires_grad_()
+    with mf.patched():
+        for _ in range(3):
+            w.grad = x.grad = r.grad = None
+            loss = ((w * x - r) / (x.abs() + 1)).pow(2).sum()
+            loss.backward()
+            close(w.grad, rw.grad, "grad of the DTensor", atol=1e-5)
+            plain_grad(x, rx.grad, "grad of the plain operand")
+            plain_grad(r, rrow.grad, "grad of the broadcast plain operand")
+        plans = _plans(torch.ops.aten.mul.Tensor) + _plans(torch.ops.aten.sub.Tensor)
+    assert plans and all(p is not None for p in plans), plans
+    return True
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_direct_plan_gradients_match_the_reference(world_size):
+    assert all(run_on_ranks(direct_gradients, world_size, world_size=world_size))
+
+
+def plan_refusals(world_size):
+    """Calls the plan must leave to DTensor, and a torch whose internals differ."""
+    import keras_dtensor_mixfix as mf
+    from keras_dtensor_mixfix import _direct
+    from torch.distributed.tensor import DTensor, Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(5)
+    full, plain_full = torch.randn(8, 6), torch.randn(8, 6)
+    a = shard(full, m, [Shard(0)] * m.ndim if m.ndim == 1 else [Shard(0), Shard(1)])
+    b = shard(plain_full, m, a.placements)
+    # random ops run under DTensor's RNG tracker
+    assert _direct.plan(torch.ops.aten.normal.Tensor_Tensor, (a, b.abs())) is None
+    # views, and outputs that are not one tensor
+    assert _direct.plan(torch.ops.aten.expand_as.default, (a, b)) is None
+    assert _direct.plan(torch.ops.aten.max.dim, (a, 0)) is None
+    # the plain elementwise case gets DTensor's own output spec
+    assert _direct.plan(torch.ops.aten.mul.Tensor, (a, b)) == (a * b)._spec
+
+    # a propagator that fails: no plan, and the call is still right (re-dispatched)
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    original = propagator.propagate
+
+    def broken(op_info):
+        raise RuntimeError("simulated internals change")
+
+    propagator.propagate = broken
+    try:
+        with mf.patched():
+            for _ in range(3):
+                close(a * plain_full, full * plain_full, "with a failing propagator")
+            assert _plans(torch.ops.aten.mul.Tensor) == [None]
+    finally:
+        propagator.propagate = original
+
+    # a plan that disagrees with what DTensor actually returned is never used
+    real_plan = _direct._plan
+
+    def wrong(func, args):
+        return b.t()._spec  # a (6, 8) spec for an (8, 6) result
+
+    _direct._plan = wrong
+    try:
+        with mf.patched():
+            for _ in range(3):
+                close(a * plain_full, full * plain_full, "with a wrong plan")
+            assert _plans(torch.ops.aten.mul.Tensor) == [None]
+    finally:
+        _direct._plan = real_plan
+
+    # unpatch() forgets the plans
+    with mf.patched():
+        a * plain_full
+        a * plain_full
+        assert _plans(torch.ops.aten.mul.Tensor)
+    assert _plans(torch.ops.aten.mul.Tensor) == []
+    return True
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_direct_plan_refuses_what_it_must_leave_to_dtensor(world_size):
+    assert all(run_on_ranks(plan_refusals, world_size, world_size=world_size))
