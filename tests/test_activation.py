@@ -110,13 +110,15 @@ def test_environment_sets_patch_options():
     out = _ok(_python(
         """
         import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
-        print("default", mf.current_options().default, "plain_grads", mf.current_options().plain_grads)
+        o = mf.current_options()
+        print("default", o.default, "plain_grads", o.plain_grads, "direct", o.direct)
         mf.unpatch(); mf.patch(default="error")  # explicit options win over the environment
         print("explicit", mf.current_options().default, mf.current_options().plain_grads)
         """,
-        {"KERAS_DTENSOR_MIXFIX_DEFAULT": "local", "KERAS_DTENSOR_MIXFIX_PLAIN_GRADS": "off"},
+        {"KERAS_DTENSOR_MIXFIX_DEFAULT": "local", "KERAS_DTENSOR_MIXFIX_PLAIN_GRADS": "off",
+         "KERAS_DTENSOR_MIXFIX_DIRECT": "0"},
     ))
-    assert "default local plain_grads False" in out
+    assert "default local plain_grads False direct False" in out
     assert "explicit error False" in out
 
 

@@ -98,6 +98,8 @@ def test_unknown_or_bad_options_raise_and_leave_nothing_patched():
         mf.patch(default=42)
     with pytest.raises(TypeError, match="plain_grads"):
         mf.patch(plain_grads="yes")
+    with pytest.raises(TypeError, match="direct"):
+        mf.patch(direct=1)
     assert not mf.is_patched()
     assert _dtensor_rules() == before
 

@@ -207,6 +207,12 @@ def plan_refusals(world_size):
     finally:
         _direct._plan = real_plan
 
+    # the option turns plans off: every call re-dispatched, same result
+    with mf.patched(direct=False):
+        for _ in range(3):
+            close(a * plain_full, full * plain_full, "with direct=False")
+        assert _plans(torch.ops.aten.mul.Tensor) == []
+
     # unpatch() forgets the plans
     with mf.patched():
         a * plain_full

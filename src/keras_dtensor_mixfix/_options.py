@@ -24,6 +24,11 @@ class Options:
     """``"off"`` (default), ``"warn"`` or ``"raise"``: verify across ranks that each promoted operand fits its
     rule (a ``"replicate"`` operand identical on every rank, a ``"local"`` one shaped as its placements imply);
     one small collective per promoted operand and mesh dim."""
+    direct: bool = True
+    """Once DTensor's sharding propagation has shown that a shape of mixed call needs no redistribution,
+    run later calls of that shape on the local tensors and wrap the result as DTensor does, skipping a second
+    dispatch (the result is the same, bit for bit). ``False`` sends every promoted call through DTensor's
+    dispatch again, e.g. to have a DTensor debug mode record each one."""
 
     def updated(self, **changes: Any) -> "Options":
         """A copy with ``changes`` applied, validated; unknown names raise ``TypeError``."""
@@ -33,8 +38,9 @@ class Options:
             raise TypeError(f"patch() got unknown option(s) {unknown}; known options: {sorted(known)}")
         if "default" in changes:
             validate_rule(changes["default"], "patch(default=...)")
-        if "plain_grads" in changes and not isinstance(changes["plain_grads"], bool):
-            raise TypeError(f"patch(plain_grads=...) must be a bool, got {changes['plain_grads']!r}")
+        for flag in ("plain_grads", "direct"):
+            if flag in changes and not isinstance(changes[flag], bool):
+                raise TypeError(f"patch({flag}=...) must be a bool, got {changes[flag]!r}")
         if "check" in changes and changes["check"] not in ("off", "warn", "raise"):
             raise ValueError(f"patch(check=...) must be 'off', 'warn' or 'raise', got {changes['check']!r}")
         return dataclasses.replace(self, **changes)

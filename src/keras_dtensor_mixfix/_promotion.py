@@ -191,7 +191,7 @@ def clear_caches() -> None:
     _SPEC_CACHE.clear()
     _WHOLE_CACHE.clear()
     _OP_INFO.clear()
-    _fast_options[:] = [None, False, False]
+    _fast_options[:] = [None, False, False, False]
     _LOCAL_MEMO.clear()
 
 
@@ -588,7 +588,7 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                         local = plain.detach()
                     else:
                         local = plain
-                    two = len(args) == 2 and not kwargs
+                    two = len(args) == 2 and not kwargs and _fast_options[3]
                     if two and direct is not None and direct is not _UNDECIDED:
                         # What DTensor would do with the promoted call, without building it
                         # (see _direct): run the op on the local tensors and wrap the result.
@@ -641,17 +641,18 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
     return run_promoted(func, traits, new_args, new_kwargs, promoted)
 
 
-# [options, default rule is "replicate" by name, fast path allowed by the options]. Options
-# objects are immutable (``Options.updated`` makes a new one), so identity says when to recompute.
-_fast_options: List[Any] = [None, False, False]
+# [options, default rule is "replicate" by name, fast path allowed by the options, direct plans
+# allowed]. Options objects are immutable (``Options.updated`` makes a new one), so identity says
+# when to recompute.
+_fast_options: List[Any] = [None, False, False, False]
 _UNDECIDED = object()
 
 
-def _fast_option_flags(options: Any) -> Tuple[bool, bool]:
+def _fast_option_flags(options: Any) -> Tuple[bool, bool, bool]:
     default = options.default
     # Any option that adds per-operand work (e.g. a check mode) sends every call down the general path.
     allowed = getattr(options, "check", "off") == "off"
-    return type(default) is str and default == REPLICATE, allowed
+    return type(default) is str and default == REPLICATE, allowed, bool(getattr(options, "direct", True))
 
 
 def _no_tensors(kwargs: Dict[str, Any]) -> bool:
