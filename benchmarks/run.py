@@ -4,14 +4,16 @@
     python benchmarks/run.py --quick         # fewer rounds, no inductor, fewer subprocesses
     python benchmarks/run.py --json out.json # also write the raw figures
 
-World size 1 (gloo on 127.0.0.1), CPU, float32. Per-op cases are timed in rounds: each round
+CPU, float32. The per-op cases (P1-P4) run twice: in this process on world size 1, and in two
+rank workers (gloo on 127.0.0.1) where ``Shard(0)`` really slices. They are timed in rounds: each round
 measures the unpatched cases, then patches and measures the patched ones (the order of the two
 halves alternates), so every ratio compares figures taken side by side in one process. Each
 figure is microseconds per call over a batch of calls, with the garbage collector off during
 the batch; min and median are over the rounds. A ratio's verdict uses the ratio of the minima
 (the least noisy estimate on a shared machine); the ratio of the medians is shown beside it.
 
-Import-time figures run fresh Python subprocesses, interleaved, several times each.
+Import-time figures run fresh Python subprocesses, interleaved, several times each. P6 runs
+benchmarks/keras_step.py's measurement in the same two rank workers.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 # and keep torch.compile's on-disk caches cold so first-call compile times are real.
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("KERAS_BACKEND", "torch")  # for P6's rank workers
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixfix-bench-inductor-")
 
 import torch  # noqa: E402
@@ -93,13 +96,15 @@ class Rounds:
 
 
 def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str, Any]]:
+    """P1-P4 on a 1-D mesh over every rank of the current process group."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     from torch.distributed.tensor.experimental import implicit_replication
 
     import keras_dtensor_mixfix as mf
 
-    mesh = init_device_mesh("cpu", (1,))
+    torch.manual_seed(0)  # every rank builds the same global tensors
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     a = distribute_tensor(torch.randn(SHAPE), mesh, [Shard(0)])
     b = distribute_tensor(torch.randn(SHAPE), mesh, [Shard(0)])
     c = distribute_tensor(torch.randn(SHAPE), mesh, [Shard(0)])
@@ -161,6 +166,40 @@ def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str,
                 data.add("plain unpatched", timed(plain_op, plain_calls))
                 data.add("mixed implicit_replication", implicit())
     return data, extra
+
+
+def per_op_on_rank(rounds: int, calls: int, plain_calls: int) -> Tuple[Dict[str, List[float]], Dict[str, Any]]:
+    """``per_op`` in a run_on_ranks worker (the figures come back as plain data)."""
+    torch.set_num_threads(1)  # two ranks share the two cores
+    data, extra = per_op(rounds, calls, plain_calls)
+    return data.samples, extra
+
+
+def per_op_two_ranks(rounds: int, calls: int, plain_calls: int) -> Rounds:
+    """The P1-P4 cases on 2 ranks (gloo): ``Shard(0)`` really slices, each rank times its own half.
+
+    Both ranks time at once on the 2 cores; rank 0's figures are reported.
+    """
+    from keras_dtensor_mixfix.testing import run_on_ranks
+
+    samples, _ = run_on_ranks(per_op_on_rank, rounds, calls, plain_calls, world_size=2, timeout=1800)[0]
+    data = Rounds()
+    data.samples = samples
+    return data
+
+
+def keras_step(rounds: int, steps: int) -> Rounds:
+    """P6 (benchmarks/keras_step.py): a Keras ModelParallel step on 2 ranks, plain ÷ DTensor batches."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import keras_step as ks
+
+    from keras_dtensor_mixfix.testing import run_on_ranks
+
+    plain, dtensor = run_on_ranks(ks.measure, rounds, steps, world_size=2, timeout=1800)[0]
+    data = Rounds()
+    data.samples = {"keras: ModelParallel step, plain batches ms": plain,
+                    "keras: ModelParallel step, DTensor batches by hand ms": dtensor}
+    return data
 
 
 # ----------------------------------------------------------------------------- no-target cases
@@ -319,7 +358,10 @@ _IMPORT_DTENSOR = (
 
 
 def _child(code: str, **env: str) -> float:
-    environ = {k: v for k, v in os.environ.items() if k not in ("KERAS_DTENSOR_MIXFIX", "TORCHINDUCTOR_CACHE_DIR")}
+    # PYTHONDONTWRITEBYTECODE is dropped: a user's install has its bytecode cached (pip compiles
+    # it), and a benchmark that recompiled our modules from source each run would time that.
+    dropped = ("KERAS_DTENSOR_MIXFIX", "TORCHINDUCTOR_CACHE_DIR", "PYTHONDONTWRITEBYTECODE")
+    environ = {k: v for k, v in os.environ.items() if k not in dropped}
     environ.update(env)
     out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -338,6 +380,8 @@ def import_cases(runs: int) -> Rounds:
         ("import torch.distributed.tensor after torch, KERAS_DTENSOR_MIXFIX=0 ms", _IMPORT_DTENSOR,
          {"KERAS_DTENSOR_MIXFIX": "0"}),
     ]
+    for _, code, env in variants:
+        _child(code, **env)  # unmeasured: writes the bytecode caches
     data = Rounds()
     for _ in range(runs):
         for name, code, env in variants:
@@ -357,11 +401,12 @@ def _verdict(ratio: float, target: float) -> str:
 
 
 def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: Dict[str, Any],
-           imports: Optional[Rounds], args: argparse.Namespace) -> Dict[str, Any]:
+           imports: Optional[Rounds], args: argparse.Namespace, per2: Optional[Rounds] = None,
+           keras: Optional[Rounds] = None) -> Dict[str, Any]:
     lines: List[str] = []
     out: Dict[str, Any] = {"cases": {}, "targets": {}}
     lines.append(f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores, "
-                 f"world size 1 (gloo, 127.0.0.1), {SHAPE[0]}x{SHAPE[1]} float32")
+                 f"{SHAPE[0]}x{SHAPE[1]} float32; per-op cases on world size 1 (in process) and 2 (gloo, 127.0.0.1)")
     try:
         lines.append(f"load average before the run: {args.load_before}")
     except AttributeError:
@@ -370,13 +415,15 @@ def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: D
     lines.append("")
     lines.append("| case | min | median | rounds |")
     lines.append("|---|---|---|---|")
-    all_rounds = [per] + others + ([imports] if imports is not None else [])
-    for data in all_rounds:
+    tables = [("", per)] + ([("2 ranks: ", per2)] if per2 is not None else [])
+    tables += [("", data) for data in others]
+    tables += [("", data) for data in (keras, imports) if data is not None]
+    for prefix, data in tables:
         for name in data.samples:
             s = data.stat(name)
-            out["cases"][name] = s
+            out["cases"][prefix + name] = s
             unit = "" if ("ms" in name or "us/" in name) else " us"
-            lines.append(f"| {name}{unit} | {_fmt(s['min'])} | {_fmt(s['median'])} | {s['n']} |")
+            lines.append(f"| {prefix}{name}{unit} | {_fmt(s['min'])} | {_fmt(s['median'])} | {s['n']} |")
     for backend, res in compiled.items():
         s = res["steady_us"]
         out["cases"][f"compile {backend}"] = res
@@ -384,24 +431,30 @@ def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: D
         lines.append(f"| compiled f: {backend}{first}: steady us/call | {_fmt(s['min'])} | {_fmt(s['median'])} | {s['n']} |")
     lines.append("")
 
-    def ratio(num: str, den: str) -> Tuple[float, float]:
-        a, b = per.stat(num), per.stat(den)
+    def ratio(data: Rounds, num: str, den: str) -> Tuple[float, float]:
+        a, b = data.stat(num), data.stat(den)
         return a["min"] / b["min"], a["median"] / b["median"]
 
-    rows = {
-        "P1": ratio("mixed patched", "mixed implicit_replication"),
-        "P2": ratio("mixed patched", "pure patched"),
-        "P3": ratio("pure patched", "pure unpatched"),
-        "P3b": ratio("pure in-place patched", "pure in-place unpatched"),
-        "P4": ratio("plain patched", "plain unpatched"),
-    }
+    def target_rows(data: Rounds, suffix: str) -> None:
+        rows = {
+            "P1": ratio(data, "mixed patched", "mixed implicit_replication"),
+            "P2": ratio(data, "mixed patched", "pure patched"),
+            "P3": ratio(data, "pure patched", "pure unpatched"),
+            "P3b": ratio(data, "pure in-place patched", "pure in-place unpatched"),
+            "P4": ratio(data, "plain patched", "plain unpatched"),
+        }
+        for key, (lo, mid) in rows.items():
+            text, target = TARGETS[key]
+            verdict = _verdict(lo, target)
+            out["targets"][key + suffix] = {"what": text, "ratio_min": lo, "ratio_median": mid, "target": target,
+                                            "verdict": verdict}
+            lines.append(f"| {key}{suffix} {text} | {lo:.3f} | {mid:.3f} | <= {target} | {verdict} |")
+
     lines.append("| target | ratio (min) | ratio (median) | target | verdict |")
     lines.append("|---|---|---|---|---|")
-    for key, (lo, mid) in rows.items():
-        text, target = TARGETS[key]
-        verdict = _verdict(lo, target)
-        out["targets"][key] = {"what": text, "ratio_min": lo, "ratio_median": mid, "target": target, "verdict": verdict}
-        lines.append(f"| {key} {text} | {lo:.3f} | {mid:.3f} | <= {target} | {verdict} |")
+    target_rows(per, "")
+    if per2 is not None:
+        target_rows(per2, " (2 ranks)")
     p = per.stat("patch() ms")
     if imports is not None:
         first = imports.stat(next(n for n in imports.samples if n.startswith("first patch()")))
@@ -422,7 +475,13 @@ def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: D
                      f"import torch, auto-activation on - TORCH_DEVICE_BACKEND_AUTOLOAD=0 | "
                      f"{on['min'] - off['min']:.1f} ms | {on['median'] - off['median']:.1f} ms | | |")
         out["targets"]["P5b"] = {"activate_ms": act, "import_on_ms": on, "import_autoload_off_ms": off}
-    lines.append("| P6 Keras step | | | | pending the Keras integration |")
+    if keras is not None:
+        names = list(keras.samples)
+        lo, mid = ratio(keras, names[0], names[1])
+        verdict = _verdict(lo, 1.10)
+        out["targets"]["P6"] = {"ratio_min": lo, "ratio_median": mid, "target": 1.10, "verdict": verdict}
+        lines.append(f"| P6 Keras ModelParallel train step (2 ranks), plain batches / DTensor batches by hand | "
+                     f"{lo:.3f} | {mid:.3f} | <= 1.1 | {verdict} |")
     text = "\n".join(lines)
     print(text)
     out["text"] = text
@@ -435,6 +494,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds of the per-op cases (default 21, quick 5)")
     parser.add_argument("--no-imports", action="store_true", help="skip the subprocess import-time figures")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile figures")
+    parser.add_argument("--no-ranks", action="store_true", help="skip the 2-rank cases (per-op and P6 Keras step)")
     parser.add_argument("--json", default=None, help="write the figures to this file too")
     args = parser.parse_args()
     try:
@@ -454,8 +514,17 @@ def main() -> None:
             compiled = compile_cases(backends, steady_calls=1000, rounds=max(3, rounds // 3))
     finally:
         dist.destroy_process_group()
+    per2 = keras = None
+    if not args.no_ranks:
+        from keras_dtensor_mixfix.testing import shutdown_workers
+
+        try:
+            per2 = per_op_two_ranks(rounds, calls=2000, plain_calls=10000)
+            keras = keras_step(3 if args.quick else 7, steps=20)
+        finally:
+            shutdown_workers()
     imports = None if args.no_imports else import_cases(3 if args.quick else 9)
-    result = report(per, extra, others, compiled, imports, args)
+    result = report(per, extra, others, compiled, imports, args, per2, keras)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2, default=str)

@@ -48,9 +48,10 @@ def candidate_qualnames() -> List[str]:
             schema = torch._C._get_schema(name, overload)
         except RuntimeError:
             continue
-        if has_two_tensor_inputs(schema):
+        arguments = schema.arguments
+        if has_two_tensor_inputs(schema, arguments):
             found.append(qualname)
-            if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            if any(a.alias_info is not None and a.alias_info.is_write for a in arguments):
                 _writing_ops.add(qualname)
     _op_names_cache.clear()
     _op_names_cache[len(names)] = found

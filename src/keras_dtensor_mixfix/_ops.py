@@ -77,18 +77,24 @@ def packet_name(func: "torch._ops.OpOverload") -> str:
     return func._schema.name
 
 
-def _tensor_like(type_str: str) -> bool:
-    return "Tensor" in type_str
+def _is_tensor_type(type_: Any) -> bool:
+    """``Tensor`` or ``Tensor?``."""
+    if isinstance(type_, torch._C.OptionalType):
+        type_ = type_.getElementType()
+    return isinstance(type_, torch._C.TensorType)
 
 
-def has_two_tensor_inputs(schema: Any) -> bool:
-    """True when an op can receive a DTensor and a plain tensor in the same call."""
+def has_two_tensor_inputs(schema: Any, arguments: Any = None) -> bool:
+    """True when an op can receive a DTensor and a plain tensor in the same call: two tensor
+    arguments, or any list of tensors. ``arguments`` is ``schema.arguments`` if the caller
+    already has it (building that list is most of the cost when every op is scanned)."""
     count = 0
-    for argument in schema.arguments:
-        type_str = str(argument.type)
-        if _tensor_like(type_str):
-            if isinstance(argument.type, torch._C.ListType):
+    for argument in schema.arguments if arguments is None else arguments:
+        type_ = argument.type
+        if isinstance(type_, torch._C.ListType):
+            if _is_tensor_type(type_.getElementType()):
                 return True
+        elif _is_tensor_type(type_):
             count += 1
     return count >= 2
 
