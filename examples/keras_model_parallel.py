@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 keras.distribution.initialize()  # process group from torchrun's environment; every rank agrees on a seed
+keras.utils.set_random_seed(0)  # the same on every rank, and the same run after run
 devices = keras.distribution.list_devices()
 mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
 
@@ -29,7 +30,8 @@ model = keras.Sequential([
     keras.layers.Dense(64, activation="relu", name="hidden"),
     keras.layers.Dense(3, name="head"),
 ])
-model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
 
 rng = np.random.default_rng(0)  # the same data on every rank: each keeps its slice of every batch
 x = rng.normal(size=(256, 16)).astype("float32")
