@@ -225,3 +225,97 @@ def plan_refusals(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_direct_plan_refuses_what_it_must_leave_to_dtensor(world_size):
     assert all(run_on_ranks(plan_refusals, world_size, world_size=world_size))
+
+
+# --------------------------------------------------------------------------- _foreach_* lists
+
+
+def _foreach_plans(op):
+    """The foreach plans held for ``op``: each a (result plan, local pieces) pair, or None."""
+    from keras_dtensor_mixfix import _promotion
+
+    info = _promotion._OP_INFO.get(id(op))
+    return [] if info is None else list(info.fast.values())
+
+
+def foreach_direct(world_size):
+    """Every row a DTensor (rows with different placements and uneven shapes) meeting plain
+    tensors, called repeatedly: the first call decides, later ones run on the local lists.
+    Compared with plain foreach calls on the same values each time."""
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(13)
+    shapes = [(8, 6), (5, 3), (7,), (4, 4)]
+    kinds = [[Shard(0)], [Shard(0)], [Shard(0)], [Replicate()]]
+    if m.ndim == 2:
+        kinds = [[Shard(0), Shard(1)], [Replicate(), Shard(0)], [Shard(0), Replicate()], [Replicate(), Replicate()]]
+    fulls = [torch.randn(s) for s in shapes]
+    ref = [t.clone() for t in fulls]
+    params = [shard(t, m, k) for t, k in zip(fulls, kinds)]
+    aten = torch.ops.aten
+    with mf.patched():
+        first_results = None
+        for step in range(4):
+            grads = [torch.randn(s) for s in shapes]
+            others = [torch.rand(s) + 0.5 for s in shapes]
+            scalars = [0.1 * (step + 1) + i for i in range(len(shapes))]  # change every step, as optimizers' do
+            torch._foreach_add_(params, grads, alpha=-0.5)
+            torch._foreach_add_(ref, grads, alpha=-0.5)
+            torch._foreach_addcdiv_(params, grads, others, scalars)
+            torch._foreach_addcdiv_(ref, grads, others, scalars)
+            for p, r in zip(params, ref):
+                close(p, r, f"in-place foreach, step {step}")
+            outs = torch._foreach_mul(grads, params)  # plain list first: the DTensors are the peers
+            expected = torch._foreach_mul(grads, ref)
+            assert all(type(o) is DTensor for o in outs)
+            for o, e in zip(outs, expected):
+                close(o, e, f"functional foreach, step {step}")
+            if first_results is None:
+                first_results = [o._spec for o in outs]
+            assert [o._spec for o in outs] == first_results
+        plans = (_foreach_plans(aten._foreach_add_.List) + _foreach_plans(aten._foreach_addcdiv_.ScalarList)
+                 + _foreach_plans(aten._foreach_mul.List))
+    # one plan per op, each taken (not None), despite the scalars changing every step
+    assert len(plans) == 3 and all(p is not None for p in plans), plans
+    return True
+
+
+def foreach_refused(world_size):
+    """Lists the direct path leaves to the general path: still right every time."""
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(17)
+    a, b, g = torch.randn(8, 6), torch.randn(8, 6), torch.randn(8, 6)
+    aten = torch.ops.aten
+    with mf.patched():
+        # a Partial row: no plan (its sharding could depend on a scalar)
+        for _ in range(3):
+            out = torch._foreach_mul([_peer(m, a, "P")], [g])
+            close(out[0], a * g, "Partial row")
+        assert _foreach_plans(aten._foreach_mul.List) == [None]
+        # an all-plain row beside a DTensor row: the general path splits them
+        d = shard(b, m, [Shard(0)] * m.ndim)
+        plain_row = a.clone()
+        torch._foreach_add_([d, plain_row], [g, g])
+        close(d, b + g, "DTensor row")
+        torch.testing.assert_close(plain_row, a + g)
+        assert _foreach_plans(aten._foreach_add_.List) == []
+        # a plain operand that is written: the general path (it must own its storage)
+        target = a.clone()
+        torch._foreach_add_([target], [shard(b, m, [Shard(0)] * m.ndim)])
+        torch.testing.assert_close(target, a + b)
+    return True
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_foreach_direct_plan_matches_the_reference(world_size):
+    assert all(run_on_ranks(foreach_direct, world_size, world_size=world_size))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_foreach_lists_the_direct_path_refuses_stay_right(world_size):
+    assert all(run_on_ranks(foreach_refused, world_size, world_size=world_size))

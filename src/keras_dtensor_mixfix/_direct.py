@@ -21,43 +21,53 @@ Only eager calls come here: while ``torch.compile`` traces, promotion always re-
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 
-class _InPlace:
-    """The plan of an in-place op on the DTensor operand: run it on the local tensor, return ``self``."""
+class _Marker:
+    __slots__ = ("name",)
 
-    __slots__ = ()
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def __repr__(self) -> str:
-        return "IN_PLACE"
+        return self.name
 
 
-IN_PLACE = _InPlace()
-Plan = Union[DTensorSpec, _InPlace, None]
+IN_PLACE = _Marker("IN_PLACE")
+"""The plan of an in-place op on the DTensor ``self``: run it on the local tensor, return ``self``."""
+NO_RESULT = _Marker("NO_RESULT")
+"""The plan of an in-place ``_foreach_*`` op (it returns nothing): run it on the local lists."""
+Plan = Union[DTensorSpec, Tuple[DTensorSpec, ...], _Marker, None]
+
+# Placements whose pointwise sharding never depends on a scalar argument's value: a foreach plan
+# is keyed by its tensors only (optimizers change their scalars every step), so it is refused
+# when any DTensor is Partial or of another kind.
+_PLAIN_PLACEMENTS = (Shard, Replicate)
 
 
-def plan(func: Any, promoted_args: Tuple[Any, ...]) -> Plan:
-    """What DTensor would do with ``func(*promoted_args)`` (no kwargs), if it is the plain case.
+def plan(func: Any, promoted_args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]] = None) -> Plan:
+    """What DTensor would do with ``func(*promoted_args, **kwargs)``, if it is the plain case.
 
     Returns the output spec for a functional op, ``IN_PLACE`` for an op that writes into
-    ``promoted_args[0]`` (a DTensor) and keeps its placements, or ``None``: re-dispatch.
-    Never raises: any surprise means ``None``.
+    ``promoted_args[0]`` (a DTensor) and keeps its placements, for a ``_foreach_*`` op the tuple
+    of output specs or ``NO_RESULT`` (in-place), or ``None``: re-dispatch. Never raises: any
+    surprise means ``None``.
     """
     try:
-        return _plan(func, promoted_args)
+        return _plan(func, promoted_args, kwargs or {})
     except Exception as exc:  # a torch whose internals differ: the re-dispatch stays correct
         log.debug("no direct plan for %s: %s: %s", func, type(exc).__name__, exc)
         return None
 
 
-def _plan(func: Any, args: Tuple[Any, ...]) -> Plan:
+def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     if type(func) is not torch._ops.OpOverload:
         return None
     dispatcher = DTensor._op_dispatcher
@@ -66,22 +76,41 @@ def _plan(func: Any, args: Tuple[Any, ...]) -> Plan:
     if func in dispatcher._custom_op_handlers:
         return None
     schema = func._schema
-    if schema._is_view_op() or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+    if schema._is_view_op():
         return None
+    returns = [str(r.type) for r in schema.returns]
     written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    if written and written != [0]:
+        return None
     in_place = written == [0]
-    if written and not in_place:
+    foreach = schema.name.startswith("aten::_foreach_")
+    if foreach:
+        if returns not in ([], ["List[Tensor]"], ["Tensor[]"]) or (in_place != (returns == [])):
+            return None
+        dtensors = [t for t in _tensors(args, kwargs) if type(t) is DTensor]
+        if any(type(p) not in _PLAIN_PLACEMENTS for t in dtensors for p in t._spec.placements):
+            return None
+    elif returns != ["Tensor"] or kwargs:
         return None
-    if in_place and type(args[0]) is not DTensor:
+    elif in_place and type(args[0]) is not DTensor:
         return None
-    op_info = dispatcher.unwrap_to_op_info(func, args, {})
+    op_info = dispatcher.unwrap_to_op_info(func, args, kwargs)
     if not op_info.compute_mesh._is_current_rank_part_of_mesh():
         return None
     dispatcher.sharding_propagator.propagate(op_info)
     sharding = op_info.output_sharding
-    if sharding is None or sharding.needs_redistribute or type(sharding.output_spec) is not DTensorSpec:
+    if sharding is None or sharding.needs_redistribute:
         return None
     spec = sharding.output_spec
+    if foreach:
+        if in_place:
+            return NO_RESULT if spec is None else None
+        if type(spec) not in (list, tuple) or not all(type(s) is DTensorSpec and s.tensor_meta is not None
+                                                      for s in spec):
+            return None
+        return tuple(spec)
+    if type(spec) is not DTensorSpec:
+        return None
     if in_place:
         # DTensor returns ``self`` untouched only when the placements stay; otherwise it edits
         # self's spec, which is left to DTensor.
@@ -89,6 +118,14 @@ def _plan(func: Any, args: Tuple[Any, ...]) -> Plan:
     if spec.tensor_meta is None:
         return None
     return spec
+
+
+def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+    found: List[Any] = []
+    for value in list(args) + list(kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found.extend(item for item in items if isinstance(item, torch.Tensor))
+    return found
 
 
 def confirmed(planned: Plan, promoted_args: Tuple[Any, ...], result: Any) -> Plan:
@@ -100,16 +137,16 @@ def confirmed(planned: Plan, promoted_args: Tuple[Any, ...], result: Any) -> Pla
     if planned is None:
         return None
     if planned is IN_PLACE:
-        return planned if result is promoted_args[0] else None
-    if type(result) is DTensor and result._spec == planned:
-        return planned
-    log.debug("direct plan %s disagrees with DTensor's result %r; re-dispatching this call shape", planned,
-              getattr(result, "_spec", result))
-    return None
-
-
-def direct_local_result(local: torch.Tensor, spec: DTensorSpec, new: Optional[Any]) -> DTensor:
-    """Wrap a local result as DTensor's dispatch does (``requires_grad`` taken from the result)."""
-    if new is not None:
-        return new(DTensor, local, spec, requires_grad=local.requires_grad)
-    return DTensor(local, spec, requires_grad=local.requires_grad)  # type: ignore[call-arg]
+        agrees = result is promoted_args[0]
+    elif planned is NO_RESULT:
+        agrees = result is None
+    elif type(planned) is tuple:
+        agrees = type(result) in (list, tuple) and len(result) == len(planned) and all(
+            type(r) is DTensor and r._spec == s for r, s in zip(result, planned))
+    else:
+        agrees = type(result) is DTensor and result._spec == planned
+    if not agrees:
+        log.debug("direct plan %s disagrees with DTensor's result %r; re-dispatching this call shape", planned,
+                  getattr(result, "_spec", result))
+        return None
+    return planned

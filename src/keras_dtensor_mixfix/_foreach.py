@@ -3,6 +3,11 @@
 A foreach op is independent per list index ("row"). Rows that hold a DTensor are run as
 DTensor foreach calls, grouped by mesh (so parameters on two meshes work); rows that are
 all plain run as a plain foreach call. Results are put back in the original order.
+
+The common optimizer case (every row has a DTensor, one mesh, plain operands only read, the
+``"replicate"`` rule) has a direct path: once the first call of a shape of lists has been
+re-dispatched and DTensor's propagation showed no redistribution (see ``_direct``), later calls
+run the foreach kernel on the local lists, without building a DTensor per plain operand.
 """
 
 from __future__ import annotations
@@ -12,8 +17,16 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.distributed.tensor import DTensor
 
+from . import _direct, _stats
+from ._decisions import REPLICATE
+from ._errors import MixedOperandError
 from ._ops import OpTraits
-from ._promotion import promote_operands, run_promoted
+from ._promotion import (_UNDECIDED, _new_dtensor, _op_failed, _remember, cached_whole_entry, direct_allowed,
+                         fast_path_options, promote_operands, run_promoted)
+
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_NOT_DIRECT = object()
 
 
 def _list_positions(func: Any, args: Tuple[Any, ...]) -> List[int]:
@@ -29,7 +42,11 @@ def _row_mesh(args: Tuple[Any, ...], lists: List[int], row: int) -> Optional[Any
     return None
 
 
-def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits) -> Any:
+def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, info: Any) -> Any:
+    if traits.tensor_lists and fast_path_options(info, func) is not None and direct_allowed():
+        result = _foreach_direct(func, args, kwargs, traits, info)
+        if result is not _NOT_DIRECT:
+            return result
     lists = _list_positions(func, args)
     rows = len(args[lists[0]])
     # A tensor argument that is not a list: a one-element scalar (torch replicates it) or a
@@ -78,3 +95,109 @@ def _scalar_list_overload(func: Any) -> Any:
 
         raise promotion_error(str(func), "a per-row tensor of scalars has no ScalarList form for DTensor operands")
     return overload
+
+
+def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, info: Any) -> Any:
+    """The direct path, or ``_NOT_DIRECT`` when the call is not its case (the general path runs).
+
+    Its case: eager; tensors only in the positional lists; every row holds a DTensor and all of
+    them sit on one mesh; plain operands are read, not written, have more than one element and
+    need no gradient. The plan is keyed by the op, the argument layout and every row's specs and
+    plain shapes/strides/dtypes, not by scalar values (plans are refused for Partial placements,
+    the only ones whose pointwise sharding could depend on a scalar).
+    """
+    lists = traits.tensor_lists
+    for position, value in enumerate(args):
+        if position not in lists and isinstance(value, _Tensor):
+            return _NOT_DIRECT  # a tensor scalar or per-row tensor: the general path's business
+    for value in kwargs.values():
+        if isinstance(value, _Tensor) or (type(value) in (list, tuple) and any(isinstance(v, _Tensor) for v in value)):
+            return _NOT_DIRECT
+    if len(args) <= lists[-1]:
+        return _NOT_DIRECT
+    rows = len(args[lists[0]])
+    if rows == 0 or any(len(args[position]) != rows for position in lists):
+        return _NOT_DIRECT
+    written = traits.written
+    local_lists: List[List[Any]] = [[None] * rows for _ in lists]
+    plains: List[Tuple[int, int, Any]] = []  # (list, row, plain tensor)
+    peers: List[DTensor] = []  # each row's first DTensor: its plain operands' peer
+    # Flat: a DTensor adds its spec, a plain tensor a (shape, stride, dtype) tuple, so the
+    # sequence parses one way only.
+    key: List[Any] = [len(args), tuple(kwargs)]
+    mesh = None
+    for row in range(rows):
+        peer = None
+        for column, position in enumerate(lists):
+            item = args[position][row]
+            kind = type(item)
+            if kind is DTensor:
+                if peer is None:
+                    peer = item
+                local = item._local_tensor
+                local_kind = type(local)
+                if local_kind is not _Tensor and local_kind is not _Parameter:
+                    return _NOT_DIRECT  # traced
+                local_lists[column][row] = local
+                key.append(item._spec)
+            elif kind is _Tensor or kind is _Parameter:
+                if position in written or item.requires_grad or item.numel() == 1:
+                    return _NOT_DIRECT
+                key.append((item.shape, item.stride(), item.dtype))
+                plains.append((column, row, item))
+            else:
+                return _NOT_DIRECT
+        if peer is None:
+            return _NOT_DIRECT  # an all-plain row: run as a plain group by the general path
+        if mesh is None:
+            mesh = peer._spec.mesh
+        elif peer._spec.mesh is not mesh:
+            return _NOT_DIRECT
+        peers.append(peer)
+    if not plains:
+        return _NOT_DIRECT
+    plan_key = tuple(key)
+    found = info.fast.get(plan_key, _UNDECIDED)
+    if found is None:
+        return _NOT_DIRECT
+    new_args = list(args)
+    if found is _UNDECIDED:
+        # First call of this shape: run the promoted call through DTensor, decide from it.
+        promoted_lists = [list(args[position]) for position in lists]
+        pieces: List[Any] = []
+        for column, row, item in plains:
+            _, local_index, spec = cached_whole_entry(item, peers[row], traits, (lists[column], row))
+            pieces.append(local_index)
+            local = item if local_index is None else item[local_index]
+            promoted_lists[column][row] = _new_dtensor(local, spec, True)
+        for column, position in enumerate(lists):
+            new_args[position] = promoted_lists[column]
+        promoted_args = tuple(new_args)
+        planned = _direct.plan(func, promoted_args, kwargs)
+        result = _run(info, traits, promoted_args, kwargs, len(plains))
+        plan = _direct.confirmed(planned, promoted_args, result)
+        # The plan holds each plain operand's local piece: the key fixes all of them.
+        _remember(info.fast, plan_key, None if plan is None else (plan, pieces))
+        return result
+    plan, pieces = found
+    for (column, row, item), local_index in zip(plains, pieces):
+        local_lists[column][row] = item if local_index is None else item[local_index]
+    for column, position in enumerate(lists):
+        new_args[position] = local_lists[column]
+    out = _run(info, traits, tuple(new_args), kwargs, len(plains))
+    if plan is _direct.NO_RESULT:
+        return None
+    # As DTensor wraps each local result (``requires_grad`` from the result, False below autograd).
+    return [DTensor(o, s, requires_grad=True) if o.requires_grad else _new_dtensor(o, s, True)  # type: ignore[call-arg]
+            for o, s in zip(out, plan)]
+
+
+def _run(info: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: int) -> Any:
+    try:
+        result = info.call(*args, **kwargs)
+    except MixedOperandError:
+        raise
+    except Exception as exc:
+        raise _op_failed(traits, [("foreach lists", REPLICATE, ())], args, kwargs, exc) from exc
+    _stats.record(traits.name, [REPLICATE] * promoted)
+    return result

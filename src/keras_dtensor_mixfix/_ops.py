@@ -116,24 +116,32 @@ def op_traits(func: "torch._ops.OpOverload") -> "OpTraits":
         if functional is not None:
             twin = getattr(functional, func._overloadname, None)
             elementwise = twin is not None and torch.Tag.pointwise in set(twin.tags)
+    tensor_lists = tuple(
+        index for index, argument in enumerate(schema.arguments)
+        if not argument.kwarg_only and isinstance(argument.type, torch._C.ListType)
+        and _is_tensor_type(argument.type.getElementType())
+    )
     return OpTraits(
         name=op_key(func),
         elementwise=elementwise,
         foreach=name.startswith("aten::_foreach_"),
         written=frozenset(written),
+        tensor_lists=tensor_lists,
     )
 
 
 class OpTraits:
     """What promotion needs to know about one op overload."""
 
-    __slots__ = ("name", "elementwise", "foreach", "written")
+    __slots__ = ("name", "elementwise", "foreach", "written", "tensor_lists")
 
-    def __init__(self, name: str, elementwise: bool, foreach: bool, written: frozenset[object]) -> None:
+    def __init__(self, name: str, elementwise: bool, foreach: bool, written: frozenset[object],
+                 tensor_lists: tuple[int, ...] = ()) -> None:
         self.name = name
         self.elementwise = elementwise
         self.foreach = foreach
         self.written = written
+        self.tensor_lists = tensor_lists  # positions of the positional Tensor[] arguments
 
     def __repr__(self) -> str:
         return f"OpTraits({self.name}, elementwise={self.elementwise}, foreach={self.foreach}, written={set(self.written)})"

@@ -177,7 +177,7 @@ _SPEC_CACHE: Dict[Tuple[Any, ...], DTensorSpec] = {}
 # promote_whole's eager default (foreach rows): (elementwise, plain shape, stride, dtype, peer spec)
 # -> (placements, local index or None for the whole tensor, spec of the promoted operand). The
 # fast path keeps the same answers per op, with its direct plan (_OpInfo.fast).
-_WHOLE_CACHE: Dict[Tuple[Any, ...], Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]] = {}
+_WHOLE_CACHE: Dict[Tuple[Any, ...], Any] = {}
 # Every cache is bounded: eager code with ever-changing shapes must not grow them forever.
 _CACHE_LIMIT = 4096
 # Placement types whose specs may be shared; anything else (_StridedShard, user subclasses) is
@@ -266,12 +266,7 @@ def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, 
         local_type = type(peer._local_tensor)
         if (plain_type is _Tensor or plain_type is _Parameter) and (local_type is _Tensor or local_type is _Parameter):
             # Eager, default decision: the fast path's cached answer (foreach rows come here).
-            key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
-            entry = _WHOLE_CACHE.get(key)
-            if entry is None:
-                entry = _whole_entry(operand, peer, traits)
-                _remember(_WHOLE_CACHE, key, entry)
-            placements, local_index, spec = entry
+            placements, local_index, spec = cached_whole_entry(plain, peer, traits, operand.position)
             local = plain if local_index is None else plain[local_index]
             if local.requires_grad:
                 local = local.detach()
@@ -562,16 +557,8 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
             # a slice offset of this rank must never be baked into a graph (see promote_whole).
             local_type = type(peer._local_tensor)
             if (local_type is _Tensor or local_type is _Parameter) and plain.numel() != 1:
-                version = registry.version
-                if info.version != version:
-                    info.rule = registry.lookup(func)
-                    info.version = version
-                rule = info.rule
-                options = _current_options()
-                if options is not _fast_options[0]:
-                    _fast_options[:] = [options, *_fast_option_flags(options)]
-                if _fast_options[2] and (_fast_options[1] if rule is None
-                                         else type(rule) is str and rule == REPLICATE):
+                options = fast_path_options(info, func)
+                if options is not None:
                     key = (index, plain.shape, plain.stride(), plain.dtype, peer._spec)
                     entry = info.fast.get(key)
                     if entry is None:
@@ -636,7 +623,7 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
     elif traits.foreach:
         from ._foreach import foreach_call
 
-        return foreach_call(func, args, kwargs, traits)
+        return foreach_call(func, args, kwargs, traits, info)
     new_args, new_kwargs, promoted = promote_operands(func, args, kwargs, traits)
     return run_promoted(func, traits, new_args, new_kwargs, promoted)
 
@@ -646,6 +633,28 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
 # when to recompute.
 _fast_options: List[Any] = [None, False, False, False]
 _UNDECIDED = object()
+
+
+def fast_path_options(info: _OpInfo, func: Any) -> Any:
+    """The options in force if they let ``func`` take a fast path, else None: its rule is
+    ``"replicate"`` by name (registered for it, or the default) and no option adds per-operand
+    work. ``direct_allowed()`` then says whether direct plans may be used."""
+    version = registry.version
+    if info.version != version:
+        info.rule = registry.lookup(func)
+        info.version = version
+    rule = info.rule
+    options = _current_options()
+    if options is not _fast_options[0]:
+        _fast_options[:] = [options, *_fast_option_flags(options)]
+    if _fast_options[2] and (_fast_options[1] if rule is None else type(rule) is str and rule == REPLICATE):
+        return options
+    return None
+
+
+def direct_allowed() -> bool:
+    """Whether the options last seen by ``fast_path_options`` allow direct plans."""
+    return _fast_options[3]
 
 
 def _fast_option_flags(options: Any) -> Tuple[bool, bool, bool]:
@@ -664,7 +673,20 @@ def _no_tensors(kwargs: Dict[str, Any]) -> bool:
     return True
 
 
-def _whole_entry(operand: Operand, peer: DTensor, traits: OpTraits) -> Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]:
+WholeEntry = Tuple[Tuple[Placement, ...], Optional[Tuple[slice, ...]], DTensorSpec]
+
+
+def cached_whole_entry(plain: torch.Tensor, peer: DTensor, traits: OpTraits, position: Tuple[Any, ...]) -> WholeEntry:
+    """``_whole_entry`` for an eager plain operand (not written) at ``position``, cached."""
+    key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
+    entry = _WHOLE_CACHE.get(key)
+    if entry is None:
+        entry = _whole_entry(Operand(position, plain, True, False), peer, traits)
+        _remember(_WHOLE_CACHE, key, entry)
+    return entry
+
+
+def _whole_entry(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeEntry:
     """What promote_whole decides for an eager plain operand under the default decision, for the
     cache: placements, the index of this rank's piece (None: all of it) and the spec."""
     plain = operand.tensor
