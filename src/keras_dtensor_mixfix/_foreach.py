@@ -22,24 +22,26 @@ from ._decisions import REPLICATE
 from ._errors import MixedOperandError
 from ._ops import OpTraits
 from ._promotion import (_UNDECIDED, _new_dtensor, _op_failed, _remember, cached_whole_entry, direct_allowed,
-                         fast_path_options, promote_operands, run_promoted)
+                         fast_path_options, needs_promotion, promote_operands, run_promoted)
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _NOT_DIRECT = object()
 
 
-def _list_positions(func: Any, args: Tuple[Any, ...]) -> List[int]:
-    arguments = func._schema.arguments
-    return [i for i in range(len(args)) if isinstance(arguments[i].type, torch._C.ListType)]
-
-
-def _row_mesh(args: Tuple[Any, ...], lists: List[int], row: int) -> Optional[Any]:
+def _row_mesh(args: Tuple[Any, ...], lists: Tuple[int, ...], row: int) -> Tuple[Optional[Any], bool]:
+    """The mesh of the row's first DTensor (None: an all-plain row) and whether the row holds a
+    plain tensor."""
+    mesh = None
+    plain = False
     for position in lists:
         item = args[position][row]
         if isinstance(item, DTensor):
-            return item.device_mesh
-    return None
+            if mesh is None:
+                mesh = item.device_mesh
+        elif isinstance(item, torch.Tensor):
+            plain = True
+    return mesh, plain
 
 
 def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, info: Any) -> Any:
@@ -47,7 +49,7 @@ def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], trait
         result = _foreach_direct(func, args, kwargs, traits, info)
         if result is not _NOT_DIRECT:
             return result
-    lists = _list_positions(func, args)
+    lists = tuple(position for position in traits.lists if position < len(args))
     rows = len(args[lists[0]])
     # A tensor argument that is not a list: a one-element scalar (torch replicates it) or a
     # per-row tensor of scalars (addcdiv_.Tensor), which is indexed like the lists.
@@ -55,10 +57,20 @@ def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], trait
                and not isinstance(a, DTensor) and a.dim() == 1 and a.numel() == rows and rows != 1]
     fallback_mesh = next((a.device_mesh for a in args if isinstance(a, DTensor)), None)
 
+    # Plain tensors outside the lists that torch would not take as they are (the per-row ones
+    # are indexed like the lists; one-element ones torch replicates itself).
+    plain_elsewhere = any(
+        needs_promotion(a) for i, a in enumerate(args) if i not in lists and i not in per_row
+    ) or any(isinstance(v, torch.Tensor) or isinstance(v, (list, tuple)) for v in kwargs.values())
+
     groups: Dict[Any, List[int]] = {}
+    mixed_groups = set()
     for row in range(rows):
-        mesh = _row_mesh(args, lists, row) or fallback_mesh
+        mesh, has_plain = _row_mesh(args, lists, row)
+        mesh = mesh or fallback_mesh  # an all-plain row runs beside a DTensor outside the lists
         groups.setdefault(mesh, []).append(row)
+        if has_plain and mesh is not None:
+            mixed_groups.add(mesh)
 
     results: List[Any] = [None] * rows
     returned_list = False
@@ -78,8 +90,13 @@ def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], trait
                     # DTensor's foreach strategies take per-row scalars only as numbers (they must
                     # live on the CPU anyway): the ScalarList overload is the same computation.
                     sub_args[position] = sub_args[position].tolist()
-            new_args, new_kwargs, promoted = promote_operands(call_func, tuple(sub_args), kwargs, traits)
-            out = run_promoted(call_func, traits, new_args, new_kwargs, promoted)
+            if mesh in mixed_groups or plain_elsewhere:
+                new_args, new_kwargs, promoted = promote_operands(call_func, tuple(sub_args), kwargs, traits)
+                out = run_promoted(call_func, traits, new_args, new_kwargs, promoted)
+            else:
+                # Only DTensors (and scalars torch takes as they are): nothing to promote, e.g. the
+                # DTensor half of an optimizer's parameter list that also holds plain parameters.
+                out = call_func(*sub_args, **kwargs)
         if isinstance(out, (list, tuple)):
             returned_list = True
             for index, value in zip(indices, out):

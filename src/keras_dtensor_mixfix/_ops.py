@@ -116,16 +116,15 @@ def op_traits(func: "torch._ops.OpOverload") -> "OpTraits":
         if functional is not None:
             twin = getattr(functional, func._overloadname, None)
             elementwise = twin is not None and torch.Tag.pointwise in set(twin.tags)
-    tensor_lists = tuple(
-        index for index, argument in enumerate(schema.arguments)
-        if not argument.kwarg_only and isinstance(argument.type, torch._C.ListType)
-        and _is_tensor_type(argument.type.getElementType())
-    )
+    lists = tuple(index for index, argument in enumerate(schema.arguments)
+                  if not argument.kwarg_only and isinstance(argument.type, torch._C.ListType))
+    tensor_lists = tuple(index for index in lists if _is_tensor_type(schema.arguments[index].type.getElementType()))
     return OpTraits(
         name=op_key(func),
         elementwise=elementwise,
         foreach=name.startswith("aten::_foreach_"),
         written=frozenset(written),
+        lists=lists,
         tensor_lists=tensor_lists,
     )
 
@@ -133,15 +132,16 @@ def op_traits(func: "torch._ops.OpOverload") -> "OpTraits":
 class OpTraits:
     """What promotion needs to know about one op overload."""
 
-    __slots__ = ("name", "elementwise", "foreach", "written", "tensor_lists")
+    __slots__ = ("name", "elementwise", "foreach", "written", "lists", "tensor_lists")
 
     def __init__(self, name: str, elementwise: bool, foreach: bool, written: frozenset[object],
-                 tensor_lists: tuple[int, ...] = ()) -> None:
+                 lists: tuple[int, ...] = (), tensor_lists: tuple[int, ...] = ()) -> None:
         self.name = name
         self.elementwise = elementwise
         self.foreach = foreach
         self.written = written
-        self.tensor_lists = tensor_lists  # positions of the positional Tensor[] arguments
+        self.lists = lists  # positions of the positional list arguments (tensors or scalars)
+        self.tensor_lists = tensor_lists  # the Tensor[] ones among them
 
     def __repr__(self) -> str:
         return f"OpTraits({self.name}, elementwise={self.elementwise}, foreach={self.foreach}, written={set(self.written)})"
