@@ -101,7 +101,7 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     sharding = op_info.output_sharding
     if sharding is None or sharding.needs_redistribute:
         return None
-    spec = sharding.output_spec
+    spec: Any = sharding.output_spec
     if foreach:
         if in_place:
             return NO_RESULT if spec is None else None

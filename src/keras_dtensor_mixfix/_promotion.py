@@ -22,7 +22,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import _direct, _grad, _stats
 from ._direct import IN_PLACE
 from ._grad import is_traced
-from ._decisions import ERROR, LOCAL, REPLICATE, Decision, MixedCall, Operand, as_decision
+from ._decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, as_decision
 from ._errors import MixedOperandError, describe_mesh, promotion_error
 from ._ops import OpTraits, op_traits
 from ._patching import current_options as _current_options
@@ -595,15 +595,15 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                             result = DTensor(out, direct, requires_grad=out.requires_grad)  # type: ignore[call-arg]
                     else:
                         if _dtensor_new is not None:
-                            promoted = _dtensor_new(DTensor, local, spec, requires_grad=False)
+                            operand = _dtensor_new(DTensor, local, spec, requires_grad=False)
                         else:
-                            promoted = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+                            operand = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
                         if index == 0:
-                            new_args = (promoted,) + args[1:]
+                            new_args = (operand,) + args[1:]
                         elif index == 1 and len(args) == 2:
-                            new_args = (args[0], promoted)
+                            new_args = (args[0], operand)
                         else:
-                            new_args = args[:index] + (promoted,) + args[index + 1:]
+                            new_args = args[:index] + (operand,) + args[index + 1:]
                         # The first call of each shape: decide (before an in-place op can change
                         # anything) whether the next ones may skip the re-dispatch.
                         planned = _direct.plan(func, new_args) if two and direct is _UNDECIDED else None
