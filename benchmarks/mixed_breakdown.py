@@ -81,6 +81,19 @@ def main() -> None:
     local_floor = t("floor: rule + handler that runs the op on the local tensors and wraps the result", "a * plain")
     floor.remove()
 
+    c = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])
+    names["c"] = c
+    inplace = t("pure in-place DTensor op c.copy_(b), unpatched", "c.copy_(b)")
+    floor = DispatchRuleInterceptor(lambda func, args, kwargs: b)
+    floor._rule = floor._write_rule = lambda cls, func, types, args, kwargs: NotImplemented
+    floor.install()
+    inplace_floor = t("pure in-place c.copy_(b) with a do-nothing rule (torch calling into Python per op)", "c.copy_(b)")
+    floor.remove()
+    mf.patch()
+    inplace_ours = t("pure in-place c.copy_(b), patched", "c.copy_(b)")
+    pure_ours = t("pure DTensor op a * b, patched", "a * b")
+    mf.unpatch()
+
     mf.patch(direct=False)
     promoted = t("ours, direct=False: promote, re-dispatch", "a * plain")
     mf.unpatch()
@@ -95,6 +108,9 @@ def main() -> None:
     print(f"direct=False / implicit_replication          {promoted / implicit:.3f}")
     print(f"direct / implicit_replication (P1)           {mixed / implicit:.3f}")
     print(f"direct / pure (P2)                           {mixed / pure:.3f}")
+    print(f"pure, patched / unpatched (P3)               {pure_ours / pure:.3f}")
+    print(f"in-place: do-nothing rule / unpatched        {inplace_floor / inplace:.3f}  (the floor of any per-op rule)")
+    print(f"in-place: ours / unpatched (P3b)             {inplace_ours / inplace:.3f}")
     dist.destroy_process_group()
 
 

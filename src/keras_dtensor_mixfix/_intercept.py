@@ -72,6 +72,11 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
     Tensor = torch.Tensor
 
     def dtensor_dispatch_rule_writes(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if len(args) == 2 and not kwargs:
+            # The commonest pure call (dt.copy_(other), dt.add_(other)), unrolled: ~30 ns less.
+            first, second = args
+            if type(first) is DTensor and type(second) is DTensor:
+                return NotImplemented
         # One pass does base_rule's job and notes whether any plain one-element tensor is present:
         # without one (every pure-DTensor in-place call) nothing is written into a plain tensor
         # and the per-op lookup below is skipped, so in-place DTensor ops cost what others do.
@@ -138,6 +143,11 @@ def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
         return False
 
     def dtensor_dispatch_rule(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if len(args) == 2 and not kwargs:
+            # The commonest pure call (a * b), unrolled: ~30 ns less than the loop below.
+            first, second = args
+            if type(first) is DTensor and type(second) is DTensor:
+                return NotImplemented
         # _is_mixed_value inlined for positional arguments: no function call per argument.
         for value in args:
             kind = type(value)
