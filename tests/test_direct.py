@@ -319,3 +319,59 @@ def test_foreach_direct_plan_matches_the_reference(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_foreach_lists_the_direct_path_refuses_stay_right(world_size):
     assert all(run_on_ranks(foreach_refused, world_size, world_size=world_size))
+
+
+def direct_threads(world_size):
+    """Threads racing to decide and use plans for the same and different call shapes, from cold
+    caches each burst: every result equals the reference computed before the threads start."""
+    import threading
+
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(19)
+    full = torch.randn(8, 6)
+    peer = shard(full, m, [Shard(0)] * (m.ndim - 1) + [Shard(1)])
+    plains = [torch.randn(8, 6), torch.randn(6), torch.randn(8, 1), torch.randn(8, 6, dtype=torch.float64)]
+    calls = [lambda p: peer * p, lambda p: p - peer, lambda p: peer.clone().add_(p)]
+    expected = [[(fn(p)).to_local() for p in plains] for fn in [lambda p: peer * shard_like(p, peer),
+                                                               lambda p: shard_like(p, peer) - peer,
+                                                               lambda p: peer.clone().add_(shard_like(p, peer))]]
+    problems = []
+
+    def work(seed):
+        order = [(i, j) for i in range(len(calls)) for j in range(len(plains))]
+        for round_ in range(20):
+            for i, j in order[seed::2] + order[:seed]:
+                try:
+                    out = calls[i](plains[j])
+                    if not torch.equal(out.to_local(), expected[i][j]):
+                        problems.append(f"call {i} plain {j}: wrong value")
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    problems.append(repr(exc))
+
+    for _ in range(5):
+        with mf.patched():  # cold caches each burst
+            threads = [threading.Thread(target=work, args=(seed,)) for seed in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+            used = _plans(torch.ops.aten.mul.Tensor)
+    assert not problems, problems[:5]
+    assert used and all(p is not None for p in used), used
+    return True
+
+
+def shard_like(plain, peer):
+    """``plain`` as the DTensor "replicate" promotes it to next to ``peer`` (built by hand, for references)."""
+    from keras_dtensor_mixfix._promotion import aligned_placements
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(plain, peer.device_mesh, list(aligned_placements(plain, peer)))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_threads_racing_to_decide_plans_get_right_values(world_size):
+    assert all(run_on_ranks(direct_threads, world_size, world_size=world_size))
