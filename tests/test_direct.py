@@ -159,6 +159,8 @@ def test_direct_plan_gradients_match_the_reference(world_size):
 
 def plan_refusals(world_size):
     """Calls the plan must leave to DTensor, and a torch whose internals differ."""
+    from unittest import mock
+
     import keras_dtensor_mixfix as mf
     from keras_dtensor_mixfix import _direct
     from torch.distributed.tensor import DTensor, Shard
@@ -177,35 +179,22 @@ def plan_refusals(world_size):
     assert _direct.plan(torch.ops.aten.mul.Tensor, (a, b)) == (a * b)._spec
 
     # a propagator that fails: no plan, and the call is still right (re-dispatched)
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    original = propagator.propagate
-
     def broken(op_info):
         raise RuntimeError("simulated internals change")
 
-    propagator.propagate = broken
-    try:
-        with mf.patched():
-            for _ in range(3):
-                close(a * plain_full, full * plain_full, "with a failing propagator")
-            assert _plans(torch.ops.aten.mul.Tensor) == [None]
-    finally:
-        propagator.propagate = original
+    with mock.patch.object(DTensor._op_dispatcher.sharding_propagator, "propagate", broken), mf.patched():
+        for _ in range(3):
+            close(a * plain_full, full * plain_full, "with a failing propagator")
+        assert _plans(torch.ops.aten.mul.Tensor) == [None]
 
     # a plan that disagrees with what DTensor actually returned is never used
-    real_plan = _direct._plan
-
-    def wrong(func, args):
+    def wrong(func, args, kwargs):
         return b.t()._spec  # a (6, 8) spec for an (8, 6) result
 
-    _direct._plan = wrong
-    try:
-        with mf.patched():
-            for _ in range(3):
-                close(a * plain_full, full * plain_full, "with a wrong plan")
-            assert _plans(torch.ops.aten.mul.Tensor) == [None]
-    finally:
-        _direct._plan = real_plan
+    with mock.patch.object(_direct, "_plan", wrong), mf.patched():
+        for _ in range(3):
+            close(a * plain_full, full * plain_full, "with a wrong plan")
+        assert _plans(torch.ops.aten.mul.Tensor) == [None]
 
     # the option turns plans off: every call re-dispatched, same result
     with mf.patched(direct=False):

@@ -21,7 +21,7 @@ Only eager calls come here: while ``torch.compile`` traces, promotion always re-
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -78,17 +78,19 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     schema = func._schema
     if schema._is_view_op():
         return None
+    from ._ops import op_traits
+    from ._promotion import _dtensors
+
     returns = [str(r.type) for r in schema.returns]
-    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    if written and written != [0]:
+    written = op_traits(func).written
+    if written and written != {0}:
         return None
-    in_place = written == [0]
+    in_place = written == {0}
     foreach = schema.name.startswith("aten::_foreach_")
     if foreach:
         if returns not in ([], ["List[Tensor]"], ["Tensor[]"]) or (in_place != (returns == [])):
             return None
-        dtensors = [t for t in _tensors(args, kwargs) if type(t) is DTensor]
-        if any(type(p) not in _PLAIN_PLACEMENTS for t in dtensors for p in t._spec.placements):
+        if any(type(p) not in _PLAIN_PLACEMENTS for t in _dtensors(args, kwargs) for p in t._spec.placements):
             return None
     elif returns != ["Tensor"] or kwargs:
         return None
@@ -118,14 +120,6 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     if spec.tensor_meta is None:
         return None
     return spec
-
-
-def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
-    found: List[Any] = []
-    for value in list(args) + list(kwargs.values()):
-        items = value if isinstance(value, (list, tuple)) else [value]
-        found.extend(item for item in items if isinstance(item, torch.Tensor))
-    return found
 
 
 def confirmed(planned: Plan, promoted_args: Tuple[Any, ...], result: Any) -> Plan:
