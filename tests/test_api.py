@@ -200,23 +200,81 @@ def test_a_foreign_rule_present_before_patch_is_left_alone():
     assert "aten::sub.Tensor" not in _dtensor_rules()
 
 
-def test_compile_cache_tag_is_set_while_patched_and_restored():
-    config = torch.compiler.config
-    original = config.cache_key_tag
-    config.cache_key_tag = "user-tag"
+def test_a_library_registering_after_patch_takes_the_op_and_keeps_it_after_unpatch():
+    lib = torch.library.Library("aten", "FRAGMENT")
+    theirs = lambda cls, func, types, args, kwargs: NotImplemented  # noqa: E731
+    mf.patch()
+    ours = _dtensor_rules()["aten::dist"]
     try:
-        mf.patch()
-        tag_default = config.cache_key_tag
-        assert tag_default.startswith("user-tag|keras_dtensor_mixfix:")
-        with register_rule("aten::mul.Tensor", "local"):
-            assert config.cache_key_tag != tag_default  # a rule change must not reuse cached graphs
-        assert config.cache_key_tag == tag_default
-        mf.patch(default="local")
-        assert config.cache_key_tag != tag_default
+        torch.library.register_torch_dispatch("aten::dist", DTensor, theirs, lib=lib)  # used to raise
+        assert _dtensor_rules()["aten::dist"] is theirs
+        assert mf._patching.interceptor().owns("aten::dist") is None  # we stepped aside
         mf.unpatch()
-        assert config.cache_key_tag == "user-tag"
+        assert _dtensor_rules()["aten::dist"] is theirs
+        from torch._library import simple_registry
+
+        holder = simple_registry.singleton.find("aten::dist").torch_dispatch_rules
+        assert "register" not in vars(holder)  # torch's own method again
     finally:
-        config.cache_key_tag = original
+        lib._destroy()
+    assert "aten::dist" not in _dtensor_rules()
+    assert ours is not None
+
+
+def test_a_library_rule_destroyed_while_patched_gives_the_op_back():
+    lib = torch.library.Library("aten", "FRAGMENT")
+    theirs = lambda cls, func, types, args, kwargs: NotImplemented  # noqa: E731
+    mf.patch()
+    try:
+        torch.library.register_torch_dispatch("aten::dist", DTensor, theirs, lib=lib)
+        other = torch.library.Library("aten", "FRAGMENT")
+        # a second registration is refused, as torch refuses it
+        with pytest.raises(RuntimeError, match="already has"):
+            torch.library.register_torch_dispatch("aten::dist", DTensor, theirs, lib=other)
+        other._destroy()
+    finally:
+        lib._destroy()
+    assert mf._patching.interceptor().owns("aten::dist") is True
+    mf.unpatch()
+    assert "aten::dist" not in _dtensor_rules()
+
+
+def test_registrations_for_other_classes_pass_through_while_patched():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    lib = torch.library.Library("aten", "FRAGMENT")
+    mf.patch()
+    try:
+        torch.library.register_torch_dispatch("aten::dist", Mode, lambda mode, func, types, args, kwargs: torch.tensor(7.0), lib=lib)
+        with Mode():
+            assert torch.dist(torch.ones(2), torch.zeros(2)) == 7
+        assert mf._patching.interceptor().owns("aten::dist") is True
+    finally:
+        lib._destroy()
+
+
+def test_patching_leaves_compile_cache_key_tag_alone():
+    config = torch.compiler.config
+    before = config.cache_key_tag
+    mf.patch()
+    with register_rule("aten::mul.Tensor", "local"):
+        assert config.cache_key_tag == before
+    mf.unpatch()
+    assert config.cache_key_tag == before
+
+
+def test_aot_autograd_cache_save_is_wrapped_only_while_patched():
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    original = vars(AOTAutogradCache)["save"]
+    mf.patch()
+    assert vars(AOTAutogradCache)["save"] is not original
+    mf.unpatch()
+    assert vars(AOTAutogradCache)["save"] is original
 
 
 def test_sharding_cache_cleared_on_unpatch(monkeypatch):

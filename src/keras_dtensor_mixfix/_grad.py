@@ -17,6 +17,7 @@ from torch.distributed.tensor.placement_types import Placement
 from ._decisions import LOCAL, REPLICATE
 from ._errors import promotion_error
 from ._patching import is_patched as _is_active
+from ._torch_api import is_traced
 
 _ATTR = "_keras_dtensor_mixfix_grad_hook"
 
@@ -36,17 +37,6 @@ class PlainGradHook:
         if self.kind == REPLICATE:
             return grad.full_tensor()
         return grad.redistribute(grad.device_mesh, self.placements).to_local()
-
-
-def is_traced(tensor: torch.Tensor) -> bool:
-    # Fake/functional tensors exist only while torch.compile traces; hooks on them would be
-    # dropped with the trace, so the compiled graph's own gradient handling applies there.
-    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:
-        return False
-    from torch._subclasses.fake_tensor import is_fake
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
-    return is_fake(tensor) or isinstance(tensor, FunctionalTensor)
 
 
 def ensure_plain_grad(tensor: torch.Tensor, kind: str, placements: Tuple[Placement, ...], op: str) -> None:

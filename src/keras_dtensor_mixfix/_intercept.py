@@ -9,6 +9,14 @@ when it has nothing to do, so torch then runs exactly its own path.
 
 Rules are installed on every operator whose schema takes two or more tensors (the only
 ones that can mix); ops with a single tensor input never pay anything.
+
+The principle the rules follow: act only where torch itself would raise the mixed-operand error
+(or crash, as it does on a plain one-element tensor an op writes into). Everything torch handles
+itself runs torch's own path: calls without a plain multi-element operand, calls inside torch's
+``implicit_replication()``, ops DTensor has its own Python handler for (unless that handler
+raises the mixed-operand error), DTensor subclasses (the registry is keyed by exact class, so
+they never reach our rule), and ops on which another library registered its own DTensor rule
+(before us: we leave the op alone; after us: we step aside for it, see ``_YieldingRegister``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ._ops import has_two_tensor_inputs, op_key
+from ._torch_api import (custom_op_handler, dispatch_rule_holder, implicit_replication_enabled, is_mixed_operand_error,
+                         registration_handle)
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +180,72 @@ def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
     return dtensor_dispatch_rule
 
 
+def torch_first(promote: Handler) -> Handler:
+    """Wrap ``promote`` so that it runs only where torch's own path would raise.
+
+    Called by the rules once they have seen a plain operand torch may reject; costs one flag
+    read and one dict lookup on that path only.
+    """
+
+    def on_mixed(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if implicit_replication_enabled():
+            return NotImplemented  # the user asked for torch's implicit replication: theirs
+        handler = custom_op_handler(func)
+        if handler is not None:
+            # What torch would do next: DTensor's own handler. Only its mixed-operand refusal
+            # (raised while unwrapping, before any work) is ours to act on.
+            try:
+                return handler(func, args, kwargs)
+            except RuntimeError as exc:
+                if not is_mixed_operand_error(exc):
+                    raise
+        return promote(func, args, kwargs)
+
+    on_mixed.__wrapped__ = promote  # type: ignore[attr-defined]
+    return on_mixed
+
+
+# The interceptor currently installed, for registrations that hand an op back to us.
+_active: "Optional[DispatchRuleInterceptor]" = None
+
+
+class _YieldingRegister:
+    """Stands in for ``register`` on the rule holder of every op we hook.
+
+    torch's registry keeps one rule per (op, class) and refuses a second, so holding the DTensor
+    slot of every op would stop any library from registering its own DTensor rule afterwards
+    (the normal order: it needs the DTensor class first). A registration for DTensor on an op we
+    hold takes the slot from us instead: theirs wins for that op; when their handle is destroyed
+    and we are still patched, ours comes back. Registrations for other classes pass straight through.
+    """
+
+    __slots__ = ("holder", "qualname", "dtensor")
+
+    def __init__(self, holder: Any, qualname: str, dtensor: type) -> None:
+        self.holder = holder
+        self.qualname = qualname
+        self.dtensor = dtensor
+
+    def __call__(self, torch_dispatch_class: type, func: Callable[..., Any]) -> Any:
+        original = type(self.holder).register
+        if torch_dispatch_class is not self.dtensor:
+            return original(self.holder, torch_dispatch_class, func)
+        installed = _active
+        if installed is not None:
+            installed._step_aside(self.qualname)
+        handle = original(self.holder, torch_dispatch_class, func)
+        qualname = self.qualname
+
+        def destroy() -> None:
+            handle.destroy()
+            current = _active
+            if current is not None:
+                current._install_one(qualname)
+
+        log.debug("a DTensor dispatch rule was registered for %s by another library; it takes precedence", qualname)
+        return registration_handle(destroy)
+
+
 class DispatchRuleInterceptor:
     """Installs and removes our rule on every candidate op; removal only touches rules still ours."""
 
@@ -177,16 +253,16 @@ class DispatchRuleInterceptor:
     description = MECHANISM_DESCRIPTION
 
     def __init__(self, handle_mixed: Handler) -> None:
-        from torch._library import simple_registry
         from torch.distributed.tensor import DTensor
 
-        self._registry = simple_registry.singleton
         self._dtensor = DTensor
+        handle_mixed = torch_first(handle_mixed)
         self._rule = make_dispatch_rule(handle_mixed)
         self._write_rule = make_write_rule(self._rule, handle_mixed)
         self._handles: Dict[str, Any] = {}
         self._skipped: Dict[str, str] = {}
-        self._lock = threading.Lock()
+        self._yielding: Dict[str, _YieldingRegister] = {}
+        self._lock = threading.RLock()
 
     @property
     def hooked_ops(self) -> int:
@@ -198,21 +274,38 @@ class DispatchRuleInterceptor:
         return dict(self._skipped)
 
     def install(self) -> None:
+        global _active
         for qualname in candidate_qualnames():
             self._install_one(qualname)
+        _active = self
         log.debug("dispatch rules installed on %d ops (%d skipped)", len(self._handles), len(self._skipped))
 
     def _install_one(self, qualname: str) -> None:
         with self._lock:
             if qualname in self._handles:
                 return
-            holder = self._registry.find(qualname).torch_dispatch_rules
+            holder = dispatch_rule_holder(qualname)
             existing = holder.find(self._dtensor)
             if existing is not None:
                 self._skipped[qualname] = f"another torch_dispatch rule for DTensor is registered: {existing!r}"
                 return
+            self._skipped.pop(qualname, None)
             rule = self._write_rule if qualname in _writing_ops else self._rule
-            self._handles[qualname] = holder.register(self._dtensor, rule)
+            self._handles[qualname] = type(holder).register(holder, self._dtensor, rule)
+            if qualname not in self._yielding:
+                yielding = _YieldingRegister(holder, qualname, self._dtensor)
+                holder.register = yielding  # an instance attribute: shadows the method for this holder only
+                self._yielding[qualname] = yielding
+
+    def _step_aside(self, qualname: str) -> None:
+        """Give up ``qualname``'s DTensor slot (another library is registering its own rule)."""
+        with self._lock:
+            handle = self._handles.pop(qualname, None)
+            if handle is None:
+                return
+            if dispatch_rule_holder(qualname).find(self._dtensor) in (self._rule, self._write_rule):
+                handle.destroy()
+            self._skipped[qualname] = "another library registered its own DTensor dispatch rule after patch()"
 
     def ensure_op(self, op: Any) -> None:
         """Hook an op defined after install() (called when a rule is registered for it)."""
@@ -224,17 +317,25 @@ class DispatchRuleInterceptor:
 
     def remove(self) -> List[str]:
         """Deregister our rules; returns the ops where someone replaced ours (left as they are)."""
+        global _active
         foreign: List[str] = []
         with self._lock:
+            if _active is self:
+                _active = None
             for qualname, handle in self._handles.items():
-                holder = self._registry.find(qualname).torch_dispatch_rules
+                holder = dispatch_rule_holder(qualname)
                 current = holder.find(self._dtensor)
                 if current is self._rule or current is self._write_rule:
                     handle.destroy()
                 elif current is not None:
                     foreign.append(qualname)
+            for qualname, yielding in self._yielding.items():
+                holder = yielding.holder
+                if holder.__dict__.get("register") is yielding:
+                    del holder.register  # the class's own method is visible again
             self._handles.clear()
             self._skipped.clear()
+            self._yielding.clear()
         if foreign:
             log.warning(
                 "unpatch(): %d op(s) now carry a DTensor dispatch rule that is not ours (e.g. %s); left in place",
@@ -246,4 +347,4 @@ class DispatchRuleInterceptor:
         """True if our rule is the live one for ``qualname``; None if we never hooked it."""
         if qualname not in self._handles:
             return None
-        return self._registry.find(qualname).torch_dispatch_rules.find(self._dtensor) in (self._rule, self._write_rule)
+        return dispatch_rule_holder(qualname).find(self._dtensor) in (self._rule, self._write_rule)

@@ -21,7 +21,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _direct, _grad, _stats
 from ._direct import IN_PLACE
-from ._grad import is_traced
+from ._torch_api import compiled_promotions, is_traced
 from ._decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, as_decision
 from ._errors import MixedOperandError, describe_mesh, promotion_error
 from ._ops import OpTraits, op_traits
@@ -741,6 +741,8 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
             dtensor, placements = promote_local(operand, peer, mesh, traits, decision)
         replacements[operand.position] = dtensor
         promoted.append((operand, dtensor, decision, placements))
+    if promoted and is_traced(promoted[0][0].tensor):
+        compiled_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
     new_args, new_kwargs = _rebuild(args, kwargs, replacements)
     return new_args, new_kwargs, promoted
 

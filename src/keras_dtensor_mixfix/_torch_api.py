@@ -1,0 +1,187 @@
+"""The torch boundary: private torch APIs the package relies on, each checked on named versions.
+
+Everything here reads or touches torch internals that have no public equivalent. Each
+function says what it relies on; all of them were checked on every release of the supported
+range (``_versions``), on which CI runs the whole suite. A torch where one of them is missing
+makes the caller fall back to doing nothing (torch's own path), never to guessing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Dict, Optional, Set
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- DTensor dispatch
+
+_implicit_replication: Optional[Callable[[], bool]] = getattr(torch._C, "_get_dtensor_allow_implicit_replication", None)
+
+
+def implicit_replication_enabled() -> bool:
+    """True inside torch's ``implicit_replication()`` (a C++ thread-local flag since 2.9).
+
+    Under it torch promotes plain operands itself, and that is the behaviour the user asked for.
+    """
+    return _implicit_replication is not None and _implicit_replication()
+
+
+def custom_op_handler(func: Any) -> Optional[Callable[..., Any]]:
+    """DTensor's own Python handler for ``func`` (``OpDispatcher._custom_op_handlers``), if any.
+
+    Torch consults these before sharding propagation (e.g. the AMP unscale op, whose handler
+    all-reduces ``found_inf``); libraries may add their own at run time, so it is read per call.
+    """
+    from torch.distributed.tensor import DTensor
+
+    handlers = getattr(getattr(DTensor, "_op_dispatcher", None), "_custom_op_handlers", None)
+    return None if handlers is None else handlers.get(func)
+
+
+MIXED_OPERAND_MESSAGE = "got mixed torch.Tensor and DTensor"
+
+
+def is_mixed_operand_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's own "mixed torch.Tensor and DTensor" refusal."""
+    return isinstance(exc, RuntimeError) and MIXED_OPERAND_MESSAGE in str(exc)
+
+
+def clear_sharding_cache() -> None:
+    """Forget DTensor's C++ sharding-propagation cache (it may hold decisions made for promoted calls)."""
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+
+
+# --------------------------------------------------------------------------- dispatch-rule registry
+
+
+def dispatch_rule_holder(qualname: str) -> Any:
+    """The holder of ``torch_dispatch`` rules for one op overload (``torch._library.simple_registry``).
+
+    It keeps ONE rule per (op, class) and raises on a second registration.
+    """
+    from torch._library import simple_registry
+
+    return simple_registry.singleton.find(qualname).torch_dispatch_rules
+
+
+def registration_handle(on_destroy: Callable[[], None]) -> Any:
+    """A handle of the kind ``torch.library`` returns (``destroy()`` undoes the registration)."""
+    from torch._library.utils import RegistrationHandle
+
+    return RegistrationHandle(on_destroy)
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+def is_traced(tensor: torch.Tensor) -> bool:
+    """True for the fake/functional tensors that exist only while torch.compile traces."""
+    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return is_fake(tensor) or isinstance(tensor, FunctionalTensor)
+
+
+def current_compile_id() -> Any:
+    """The id of the torch.compile compilation running in this thread (None outside one)."""
+    try:
+        from torch._guards import CompileContext
+
+        return CompileContext.current_compile_id()
+    except Exception:  # noqa: BLE001 - no compile context API: treat as "not compiling"
+        return None
+
+
+class CompiledPromotions:
+    """Keeps graphs traced with a promotion out of torch.compile's caches, and out of use after a change.
+
+    A graph that contains a promotion is only right under the rules it was traced with. Dynamo
+    keys its graphs by the Python code, and AOTAutograd's on-disk cache by the dynamo graph,
+    neither of which shows what a dispatch rule did below them. So: while patched,
+    ``AOTAutogradCache.save`` skips the compilations that promoted (a program that never
+    promotes is cached exactly as before), and when the patch or its rules change after such a
+    compilation, dynamo's in-memory caches are reset so those functions recompile under the new
+    state (after ``unpatch()``: torch's own mixed-operand error again).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._compile_ids: Set[Any] = set()
+        self._traced = False
+        self._saved_original: Optional[Any] = None
+        self._wrapper: Optional[Any] = None
+
+    def note(self) -> None:
+        """Called when a promotion happens while torch.compile traces."""
+        compile_id = current_compile_id()
+        with self._lock:
+            self._traced = True
+            if compile_id is not None:
+                self._compile_ids.add(compile_id)
+
+    @property
+    def traced(self) -> bool:
+        return self._traced
+
+    def _skip(self) -> bool:
+        compile_id = current_compile_id()
+        return compile_id is not None and compile_id in self._compile_ids
+
+    def install(self) -> None:
+        cache = _aot_autograd_cache()
+        if cache is None or self._wrapper is not None:
+            return
+        original = cache.__dict__["save"]
+        function = original.__func__ if isinstance(original, staticmethod) else original
+        skip = self._skip
+
+        def save(key: str, entry: Any, remote: bool) -> None:
+            if skip():
+                log.debug("torch.compile: not caching graph %s, traced with a mixed-operand promotion", key)
+                return None
+            return function(key, entry, remote)
+
+        save.__wrapped__ = function  # type: ignore[attr-defined]
+        self._saved_original = original
+        self._wrapper = staticmethod(save)
+        cache.save = self._wrapper
+
+    def uninstall(self) -> None:
+        cache = _aot_autograd_cache()
+        if cache is None or self._wrapper is None:
+            return
+        if cache.__dict__.get("save") is self._wrapper:
+            cache.save = self._saved_original
+        else:
+            log.warning("AOTAutogradCache.save was replaced by someone else while patched; left as it is")
+        self._wrapper = self._saved_original = None
+
+    def invalidate(self, why: str) -> None:
+        """Make functions compiled with a promotion recompile (only if any was compiled)."""
+        with self._lock:
+            if not self._traced:
+                return
+            self._traced = False
+            self._compile_ids.clear()
+        log.info("keras_dtensor_mixfix: %s; resetting torch.compile's caches so graphs traced with a "
+                 "promotion recompile", why)
+        torch._dynamo.reset()
+
+
+def _aot_autograd_cache() -> Optional[Any]:
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+    except Exception:  # noqa: BLE001 - no such cache in this torch: nothing to keep graphs out of
+        return None
+    return AOTAutogradCache if isinstance(AOTAutogradCache.__dict__.get("save"), staticmethod) else None
+
+
+compiled_promotions = CompiledPromotions()
+

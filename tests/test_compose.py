@@ -1,0 +1,254 @@
+"""Compose, never take over: where torch handles a call itself, patched runs exactly what unpatched runs.
+
+Each rank function runs the same program unpatched and patched in one worker and returns both
+results; the test asserts they are identical (values bit for bit, placements, errors). Where torch
+refuses a call and the patch promotes it, the result is compared with a plain reference instead.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from _ranks import close, mesh_for, placements_for, shard
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+WORLD_SIZES = [2, 4]
+
+
+def _both(program, *args):
+    """(unpatched result, patched result, promotions counted while patched) of ``program``."""
+    import keras_dtensor_mixfix as mf
+
+    assert not mf.is_patched()
+    unpatched = _outcome(program, *args)
+    mf.patch()
+    try:
+        patched = _outcome(program, *args)
+        promoted = dict(mf.stats())
+    finally:
+        mf.unpatch()
+    return unpatched, patched, promoted
+
+
+def _outcome(program, *args):
+    try:
+        return ("ok", _plain(program(*args)))
+    except Exception as exc:  # noqa: BLE001 - the error itself is the outcome to compare
+        text = str(exc)
+        return ("raised", type(exc).__name__, text.split("\n")[0], "got mixed torch.Tensor and DTensor" in text)
+
+
+def _plain(value):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return ("DTensor", tuple(value.placements), value.full_tensor().tolist(), value.to_local().tolist())
+    if isinstance(value, torch.Tensor):
+        return ("Tensor", value.dtype, value.tolist())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+# --------------------------------------------------------------------------- implicit_replication
+
+
+def _implicit_program(world_size):
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    m = mesh_for(world_size)
+    torch.manual_seed(0)
+    base = shard(torch.zeros(4, 3), m, placements_for(m, 0))
+    index = torch.tensor([[0, 1, 2], [1, 2, 0], [0, 0, 0], [2, 2, 2]])
+    source = torch.arange(12.0).reshape(4, 3)
+    with implicit_replication():
+        scattered = base.scatter_add(1, index, source)  # the built-in pack refuses this outside the context
+        product = base * torch.ones(4, 3) + source
+    return scattered, product
+
+
+def implicit_replication_is_torchs(world_size):
+    return _both(_implicit_program, world_size)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_implicit_replication_runs_torchs_own_path(world_size):
+    for unpatched, patched, promoted in run_on_ranks(implicit_replication_is_torchs, world_size, world_size=world_size):
+        assert unpatched[0] == "ok", unpatched
+        assert patched == unpatched
+        assert promoted == {}
+
+
+# --------------------------------------------------------------------------- DTensor's custom handlers
+
+
+def _is_same_size_program(world_size):
+    m = mesh_for(world_size)
+    dt = shard(torch.ones(4, 4), m, placements_for(m, 0))
+    return torch.ops.aten.is_same_size(dt, torch.ones(4, 4)), torch.ops.aten.is_same_size(dt, torch.ones(2, 8))
+
+
+def custom_handler_accepting_mixed(world_size):
+    return _both(_is_same_size_program, world_size)
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_custom_handler_that_accepts_mixed_operands_is_torchs(world_size):
+    for unpatched, patched, promoted in run_on_ranks(custom_handler_accepting_mixed, world_size, world_size=world_size):
+        assert unpatched == ("ok", (True, False))
+        assert patched == unpatched
+        assert promoted == {}
+
+
+def _library_handler_program(world_size):
+    from torch.distributed.tensor import DTensor
+
+    m = mesh_for(world_size)
+    dt = shard(torch.arange(8.0).reshape(4, 2), m, placements_for(m, 0))
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    op = torch.ops.aten.dist.default
+    # a library's own handler, added at run time: it takes mixed operands itself
+    handlers[op] = lambda func, args, kwargs: torch.tensor(float(args[1].sum()))
+    try:
+        return torch.dist(dt, torch.ones(4, 2))
+    finally:
+        del handlers[op]
+
+
+def custom_handler_added_by_a_library(world_size):
+    return _both(_library_handler_program, world_size)
+
+
+def test_a_custom_handler_added_at_run_time_is_respected():
+    for unpatched, patched, promoted in run_on_ranks(custom_handler_added_by_a_library, 2, world_size=2):
+        assert unpatched == ("ok", ("Tensor", torch.float32, 8.0))
+        assert patched == unpatched
+        assert promoted == {}
+
+
+def convolution_with_a_plain_weight(world_size):
+    """DTensor's convolution handler refuses a plain weight: that refusal is promoted."""
+    import torch.nn.functional as F
+
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Replicate
+
+    m = mesh_for(world_size)
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 4, 8), torch.randn(3, 4, 3)
+    rw = w.clone().requires_grad_()
+    reference = F.conv1d(x, rw)
+    reference.sum().backward()
+    dx = shard(x, m, [Replicate()] * m.ndim)
+    unpatched = _outcome(F.conv1d, dx, w)
+    pw = w.clone().requires_grad_()
+    with mf.patched():
+        out = F.conv1d(dx, pw)
+        out.sum().backward()
+    close(out, reference.detach(), "conv1d output")
+    assert type(pw.grad) is torch.Tensor
+    close(pw.grad, rw.grad, "plain weight grad")
+    return unpatched
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_custom_handler_refusing_a_plain_operand_is_promoted(world_size):
+    for unpatched in run_on_ranks(convolution_with_a_plain_weight, world_size, world_size=world_size):
+        assert unpatched[0] == "raised" and unpatched[3], unpatched  # torch's mixed-operand error
+
+
+# --------------------------------------------------------------------------- DTensor subclasses
+
+
+def _subclass_program(world_size):
+    from torch.distributed.tensor import DTensor
+
+    class Traced(DTensor):
+        seen = []
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            cls.seen.append(str(func))
+            unwrapped = [a._local_tensor if isinstance(a, DTensor) else a for a in args]
+            return func(*unwrapped, **(kwargs or {}))
+
+    m = mesh_for(world_size)
+    dt = shard(torch.arange(16.0).reshape(4, 4), m, placements_for(m, 0))
+    sub = torch.Tensor._dtensor__new__(Traced, dt._local_tensor, dt._spec, requires_grad=False)
+    out = sub * torch.full(tuple(dt._local_tensor.shape), 2.0)
+    return out.tolist(), Traced.seen
+
+
+def subclass_dispatch(world_size):
+    return _both(_subclass_program, world_size)
+
+
+def test_a_dtensor_subclass_with_its_own_dispatch_is_untouched():
+    for unpatched, patched, promoted in run_on_ranks(subclass_dispatch, 2, world_size=2):
+        assert unpatched[0] == "ok"
+        assert patched == unpatched
+        assert promoted == {}
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+def compiled_mixed_call_after_unpatch(from_other_thread):
+    import torch._dynamo
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import keras_dtensor_mixfix as mf
+
+    torch._dynamo.reset()
+    m = mesh_for(2)
+    dt = distribute_tensor(torch.ones(4, 4), m, [Shard(0)])
+    plain = torch.full((4, 4), 2.0)
+    fn = torch.compile(lambda a, b: a * b, backend="aot_eager")
+    unpatched_first = _outcome(fn, dt, plain)
+    mf.patch()
+    patched_value = fn(dt, plain).full_tensor().sum().item()
+    if from_other_thread:
+        worker = threading.Thread(target=mf.unpatch)
+        worker.start()
+        worker.join()
+    else:
+        mf.unpatch()
+    after = _outcome(fn, dt, plain)
+    return unpatched_first, patched_value, after
+
+
+@pytest.mark.parametrize("from_other_thread", [False, True])
+def test_a_function_compiled_while_patched_raises_like_torch_after_unpatch(from_other_thread):
+    for unpatched, value, after in run_on_ranks(compiled_mixed_call_after_unpatch, from_other_thread, world_size=2):
+        assert unpatched[0] == "raised" and unpatched[3], unpatched  # torch's mixed-operand error
+        assert value == 32.0
+        assert after == unpatched
+
+
+def compile_cache_saves(mixed):
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import keras_dtensor_mixfix as mf
+
+    torch._dynamo.reset()
+    counters.clear()
+    m = mesh_for(2)
+    dt = distribute_tensor(torch.ones(4, 4), m, [Shard(0)]).requires_grad_()
+    other = torch.full((4, 4), 2.0) if mixed else distribute_tensor(torch.full((4, 4), 2.0), m, [Shard(0)])
+    with mf.patched():
+        fn = torch.compile(lambda a, b: (a * b).sin().sum(), backend="inductor")
+        fn(dt, other).backward()
+    return dict(counters["aot_autograd"])
+
+
+def test_only_graphs_that_promote_stay_out_of_the_aot_autograd_cache():
+    pure = run_on_ranks(compile_cache_saves, False, world_size=2)[0]
+    mixed = run_on_ranks(compile_cache_saves, True, world_size=2)[0]
+    assert pure.get("autograd_cache_saved", 0) == 1, pure  # cached exactly as without the package
+    assert mixed.get("autograd_cache_saved", 0) == 0, mixed
+    assert mixed.get("autograd_cache_miss", 0) == 1, mixed
