@@ -56,6 +56,65 @@ def test_import_torch_activates_lazily_without_importing_torch_distributed():
     assert "state patched when torch.distributed.tensor was imported" in out
 
 
+def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line():
+    result = _python(
+        """
+        import keras_dtensor_mixfix._versions as versions
+        versions.NEWEST_TORCH = (2, 0)          # pretend this torch is newer than any supported one
+        import torch, torch.distributed.tensor  # auto-activation runs here
+        import keras_dtensor_mixfix as mf
+        from keras_dtensor_mixfix import _autoload
+        print("patched", mf.is_patched())
+        print("state", _autoload.state)
+        try:
+            mf.patch()
+        except mf.UnsupportedTorchError as exc:
+            print("raised", exc)
+        print("patched", mf.is_patched())
+        """
+    )
+    out = _ok(result)
+    assert out.count("patched False") == 2
+    assert "state off: torch " in out and "outside the supported range (torch 2.11 to 2.0.x)" in out
+    assert "raised keras_dtensor_mixfix.patch(): torch " in out
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "auto-activation is off" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("torch_first", [False, True])
+def test_readme_quick_start_patches_silently_in_a_fresh_process(torch_first):
+    result = _python(("import torch\n" if torch_first else "") + textwrap.dedent(
+        """
+        import keras_dtensor_mixfix
+        keras_dtensor_mixfix.patch()
+        from keras_dtensor_mixfix import _autoload
+        print("patched", keras_dtensor_mixfix.is_patched(), _autoload.state)
+        """
+    ))
+    assert "patched True" in _ok(result)
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("enabled", ["1", "0"])
+def test_a_patched_block_that_first_imports_dtensor_ends_in_the_configured_state(enabled):
+    result = _python(
+        """
+        import sys, torch
+        import keras_dtensor_mixfix as mf
+        assert "torch.distributed.tensor" not in sys.modules
+        with mf.patched(default="local"):
+            print("inside", mf.is_patched(), mf.current_options().default)
+        print("after", mf.is_patched(), mf.current_options().default)
+        """,
+        {"KERAS_DTENSOR_MIXFIX": enabled},
+    )
+    out = _ok(result)
+    assert "inside True local" in out
+    # auto-activation would have patched at DTensor's first import: it does once the block ends
+    assert f"after {enabled == '1'} replicate" in out
+    assert result.stderr == ""
+
+
 def test_mixed_op_works_with_nothing_but_the_installed_package():
     out = _ok(_python(WORLD_ONE + textwrap.dedent(
         """

@@ -33,6 +33,7 @@ _EXPORTS = {
     "reset_stats": "._stats",
     "stats": "._stats",
     "hookimpl": ".hookspecs",
+    "UnsupportedTorchError": "._versions",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -58,4 +59,5 @@ if TYPE_CHECKING:  # what static type checkers and IDEs see
     from ._patching import current_options, is_patched, patch, patched, unpatch
     from ._registry import RuleHandle, register_rule
     from ._stats import reset_stats, stats
+    from ._versions import UnsupportedTorchError
     from .hookspecs import hookimpl

@@ -47,6 +47,11 @@ def activate() -> None:
         if not auto_activation_enabled():
             state = "disabled by KERAS_DTENSOR_MIXFIX"
             return
+        reason = _unsupported_torch()
+        if reason is not None:
+            state = f"off: {reason}"
+            log.warning("keras_dtensor_mixfix: auto-activation is off: %s", reason)
+            return
         with _lock:
             if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
                 sys.meta_path.insert(0, _PatchOnImport())
@@ -63,22 +68,59 @@ def activate() -> None:
             pass
 
 
+def _unsupported_torch() -> Optional[str]:
+    from ._versions import unsupported_reason
+
+    version = getattr(sys.modules.get("torch"), "__version__", None)
+    if version is None:
+        from importlib.metadata import version as installed_version
+
+        version = installed_version("torch")
+    return unsupported_reason(version)
+
+
 def _patch_now() -> None:
-    global state
+    global state, _deferred
     try:
         from ._env import auto_activation_enabled
 
         if not auto_activation_enabled():
             state = "disabled by KERAS_DTENSOR_MIXFIX"
             return
-        from ._patching import is_patched, patch
+        from ._patching import is_patched, patch, patch_in_progress
 
+        if patch_in_progress():
+            # The user's own patch() imported DTensor; it patches. Auto-activation's turn comes
+            # if that patch was temporary (a patched() block ends): see take_deferred().
+            _deferred = True
+            state = f"{TARGET} was first imported by a patch() call, which patched"
+            return
         if not is_patched():
             patch()
         state = f"patched when {TARGET} was imported"
     except BaseException as exc:  # noqa: BLE001 - a failure here must not break the user's import
         state = f"failed: {type(exc).__name__}: {exc}"
         log.warning("keras_dtensor_mixfix: auto-activation could not patch: %s", state)
+
+
+_deferred = False
+
+
+def take_deferred() -> bool:
+    """Whether auto-activation deferred to a ``patch()`` that was running; forgets it.
+
+    ``patched()`` asks before its own ``unpatch()``: if its ``patch()`` was what first imported
+    DTensor, auto-activation (enabled) would have patched at that import, so it patches when the
+    block ends. An explicit ``unpatch()`` asks too and discards the answer: the user decided.
+    """
+    global _deferred
+    deferred, _deferred = _deferred, False
+    return deferred
+
+
+def patch_as_configured() -> None:
+    """Patch now as auto-activation would have (used after a ``patched()`` block, see take_deferred)."""
+    _patch_now()
 
 
 def _maybe_install_keras() -> None:

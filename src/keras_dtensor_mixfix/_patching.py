@@ -19,8 +19,9 @@ log = logging.getLogger("keras_dtensor_mixfix")
 _lock = threading.RLock()
 _interceptor: Optional[Any] = None
 _options: Options = Options()
-_tag_before: Optional[str] = None
-_tag_ours: Optional[str] = None
+# True while patch() runs: importing DTensor inside it fires auto-activation's import hook in
+# this same thread, which must leave the patching to the patch() already under way.
+_in_progress = False
 
 
 def current_options() -> Options:
@@ -32,6 +33,11 @@ def _base_options() -> Options:
     from ._env import options_from_env
 
     return options_from_env()[0]
+
+
+def patch_in_progress() -> bool:
+    """True while a ``patch()`` call is installing the patch (in any thread; under the lock)."""
+    return _in_progress
 
 
 def is_patched() -> bool:
@@ -46,41 +52,69 @@ def interceptor() -> Optional[Any]:
 def patch(**options: Any) -> None:
     """Start promoting plain operands that meet DTensors.
 
-    Options: ``default`` (rule for ops without a registration: ``"replicate"``,
-    ``"local"``, ``"error"`` or a callable) and ``plain_grads`` (plain ``.grad`` for plain
-    tensors, default True). Calling ``patch()`` while patched logs and applies only the
-    options given; it never raises for that.
+    Options (each also settable by an environment variable, see the README):
+
+    - ``default``: rule for ops without a registration: ``"replicate"`` (default), ``"local"``,
+      ``"error"`` or a callable taking a :class:`MixedCall`.
+    - ``plain_grads``: give plain tensors that require grad a plain ``.grad`` (default True).
+    - ``check``: ``"off"`` (default), ``"warn"`` or ``"raise"``: verify across the mesh that each
+      promoted operand is what its rule says (identical on every rank for ``"replicate"``).
+    - ``direct``: reuse a checked plan to run repeated mixed calls on local tensors (default True).
+
+    Calling ``patch()`` while patched logs and applies only the options given; it never raises
+    for that. Raises ``UnsupportedTorchError`` on a torch outside the supported range.
     """
-    global _interceptor, _options
+    global _in_progress
     with _lock:
-        if _interceptor is not None:
-            if options:
-                _set_options(_options.updated(**options))
-                log.info("keras_dtensor_mixfix already patched; options updated to %s", _options.as_dict())
-            else:
-                log.info("keras_dtensor_mixfix already patched; nothing to do")
-            return
-        new_options = _base_options().updated(**options)  # validate before touching torch
-        from ._packs import load_packs
-
-        load_packs()  # rule packs load lazily, once per process
-        from ._intercept import DispatchRuleInterceptor
-        from ._promotion import promote_call
-
-        installed = DispatchRuleInterceptor(promote_call)
+        if _in_progress:
+            return  # re-entered from an import hook while installing: the outer call finishes
+        _in_progress = True
         try:
-            installed.install()
-        except BaseException:
-            installed.remove()
-            raise
-        _options = new_options
-        _interceptor = installed
-        from ._stats import reset_stats
+            _patch(options)
+        finally:
+            _in_progress = False
 
-        reset_stats()  # stats() counts since this patch()
-        registry.clear_cache()
-        _tag_compile_caches()
-        log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)
+
+def _patch(options: dict) -> None:
+    """patch() itself, under the lock."""
+    global _interceptor, _options
+    if _interceptor is not None:
+        if options:
+            _set_options(_options.updated(**options))
+            log.info("keras_dtensor_mixfix already patched; options updated to %s", _options.as_dict())
+        else:
+            log.info("keras_dtensor_mixfix already patched; nothing to do")
+        return
+    import torch
+
+    from ._versions import UnsupportedTorchError, unsupported_reason
+
+    reason = unsupported_reason(torch.__version__)
+    if reason is not None:
+        raise UnsupportedTorchError(f"keras_dtensor_mixfix.patch(): {reason}. Install a supported torch.")
+    new_options = _base_options().updated(**options)  # validate before touching torch
+    from ._packs import load_packs
+
+    load_packs()  # rule packs load lazily, once per process
+    from ._intercept import DispatchRuleInterceptor
+    from ._promotion import promote_call
+
+    installed = DispatchRuleInterceptor(promote_call)
+    try:
+        installed.install()
+    except BaseException:
+        installed.remove()
+        raise
+    _options = new_options
+    _interceptor = installed
+    from ._stats import reset_stats
+
+    reset_stats()  # stats() counts since this patch()
+    registry.clear_cache()
+    from ._torch_api import compiled_promotions
+
+    compiled_promotions.install()
+    log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)
 
 
 def unpatch() -> None:
@@ -90,50 +124,43 @@ def unpatch() -> None:
         if _interceptor is None:
             log.info("keras_dtensor_mixfix is not patched; nothing to undo")
             return
+        from ._autoload import take_deferred
+
+        take_deferred()  # an explicit unpatch() wins over an auto-activation deferred to an earlier patch()
         installed = _interceptor
         _interceptor = None
         installed.remove()
         _options = Options()
         _clear_caches()
-        _untag_compile_caches()
+        from ._torch_api import compiled_promotions
+
+        compiled_promotions.uninstall()
+        compiled_promotions.invalidate("unpatch()")
         log.debug("keras_dtensor_mixfix unpatched")
 
 
 def _clear_caches() -> None:
-    import torch
-
     from ._promotion import clear_caches
+    from ._torch_api import clear_sharding_cache
 
     clear_caches()
     registry.clear_cache()
-    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear is not None:
-        clear()
+    clear_sharding_cache()
 
 
 def _set_options(options: Options) -> None:
     global _options
+    changed = options != _options
     _options = options
-    if _interceptor is not None:
-        _tag_compile_caches()
+    if changed and _interceptor is not None:
+        _state_changed("patch options changed")
 
 
-def _tag_compile_caches() -> None:
-    # Graphs traced under other rules must not be served from torch.compile's caches.
-    global _tag_before, _tag_ours
-    from . import _compile_cache
+def _state_changed(why: str) -> None:
+    # Graphs compiled with a promotion hold the rules they were traced with.
+    from ._torch_api import compiled_promotions
 
-    if _tag_ours is None or _compile_cache.current_tag() != _tag_ours:
-        _tag_before = _compile_cache.current_tag()
-    _tag_ours = _compile_cache.set_tag(_tag_before or "", _compile_cache.fingerprint(_options, registry.entries()))
-
-
-def _untag_compile_caches() -> None:
-    global _tag_before, _tag_ours
-    from . import _compile_cache
-
-    _compile_cache.restore_tag(_tag_ours, _tag_before)
-    _tag_before = _tag_ours = None
+    compiled_promotions.invalidate(why)
 
 
 @contextlib.contextmanager
@@ -159,18 +186,23 @@ def patched(**options: Any) -> Iterator[None]:
                     patch()
                 _set_options(previous)
             elif is_patched():
+                from ._autoload import patch_as_configured, take_deferred
+
+                resume = take_deferred()
                 unpatch()
+                if resume:
+                    patch_as_configured()
 
 
 def _on_rules_changed(op: object) -> None:
-    installed = _interceptor
-    if installed is None:
-        return
-    with _lock:
+    with _lock:  # read under the lock: a racing unpatch() must not leave a rule installed
+        installed = _interceptor
+        if installed is None:
+            return
         if op is not None:
             # A rule registered for an op created after patch() (a custom op) must still fire.
             installed.ensure_op(op)
-        _tag_compile_caches()
+        _state_changed("rules changed")
 
 
 registry.add_listener(_on_rules_changed)
