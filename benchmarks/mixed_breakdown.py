@@ -41,7 +41,7 @@ def main() -> None:
     from torch.distributed.tensor.experimental import implicit_replication
 
     import keras_dtensor_mixfix as mf
-    from keras_dtensor_mixfix._intercept import DispatchRuleInterceptor
+    from keras_dtensor_mixfix._lifecycle.intercept import DispatchRuleInterceptor
 
     mesh = init_device_mesh("cpu", (1,))
     a = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])

@@ -59,7 +59,7 @@ def test_import_torch_activates_lazily_without_importing_torch_distributed():
 def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line():
     result = _python(
         """
-        import keras_dtensor_mixfix._versions as versions
+        import keras_dtensor_mixfix._torch.versions as versions
         versions.NEWEST_TORCH = (2, 0)          # pretend this torch is newer than any supported one
         import torch, torch.distributed.tensor  # auto-activation runs here
         import keras_dtensor_mixfix as mf
@@ -207,7 +207,7 @@ def test_a_failing_patch_never_breaks_the_import():
     out = _ok(_python(
         """
         import torch
-        import keras_dtensor_mixfix._patching as p
+        import keras_dtensor_mixfix._lifecycle.patching as p
         def boom(**options):
             raise RuntimeError("simulated failure")
         p.patch = boom
@@ -262,8 +262,8 @@ PACK_REPORT = """
 import logging, torch
 logging.basicConfig(level=logging.WARNING)
 import keras_dtensor_mixfix as mf
-from keras_dtensor_mixfix import _packs
-from keras_dtensor_mixfix._registry import registry
+from keras_dtensor_mixfix._rules import packs as _packs
+from keras_dtensor_mixfix._rules.registry import registry
 mf.patch()
 for record in _packs.pack_records():
     print("pack", record.name, record.status, len(record.rules))

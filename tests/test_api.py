@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 
 import keras_dtensor_mixfix as mf
 from keras_dtensor_mixfix import Decision, register_rule
-from keras_dtensor_mixfix._registry import registry
+from keras_dtensor_mixfix._rules.registry import registry
 
 
 def _dtensor_rules() -> dict:
@@ -208,7 +208,7 @@ def test_a_library_registering_after_patch_takes_the_op_and_keeps_it_after_unpat
     try:
         torch.library.register_torch_dispatch("aten::dist", DTensor, theirs, lib=lib)  # used to raise
         assert _dtensor_rules()["aten::dist"] is theirs
-        assert mf._patching.interceptor().owns("aten::dist") is None  # we stepped aside
+        assert mf._lifecycle.patching.interceptor().owns("aten::dist") is None  # we stepped aside
         mf.unpatch()
         assert _dtensor_rules()["aten::dist"] is theirs
         from torch._library import simple_registry
@@ -234,7 +234,7 @@ def test_a_library_rule_destroyed_while_patched_gives_the_op_back():
         other._destroy()
     finally:
         lib._destroy()
-    assert mf._patching.interceptor().owns("aten::dist") is True
+    assert mf._lifecycle.patching.interceptor().owns("aten::dist") is True
     mf.unpatch()
     assert "aten::dist" not in _dtensor_rules()
 
@@ -252,7 +252,7 @@ def test_registrations_for_other_classes_pass_through_while_patched():
         torch.library.register_torch_dispatch("aten::dist", Mode, lambda mode, func, types, args, kwargs: torch.tensor(7.0), lib=lib)
         with Mode():
             assert torch.dist(torch.ones(2), torch.zeros(2)) == 7
-        assert mf._patching.interceptor().owns("aten::dist") is True
+        assert mf._lifecycle.patching.interceptor().owns("aten::dist") is True
     finally:
         lib._destroy()
 

@@ -19,7 +19,7 @@ WORLD_SIZES = [2, 4]
 
 def _plans(op):
     """The direct plans the fast path holds for ``op`` (``_UNDECIDED`` entries excluded)."""
-    from keras_dtensor_mixfix import _promotion
+    from keras_dtensor_mixfix._engine import promotion as _promotion
 
     info = _promotion._OP_INFO.get(id(op))
     if info is None:
@@ -113,7 +113,7 @@ def direct_case(world_size, name):
 
 
 def _ops_of(stats):
-    from keras_dtensor_mixfix._ops import resolve_op
+    from keras_dtensor_mixfix._rules.ops import resolve_op
 
     return [resolve_op(name) for name in stats]
 
@@ -162,7 +162,7 @@ def plan_refusals(world_size):
     from unittest import mock
 
     import keras_dtensor_mixfix as mf
-    from keras_dtensor_mixfix import _direct
+    from keras_dtensor_mixfix._engine import direct as _direct
     from torch.distributed.tensor import DTensor, Shard
 
     m = mesh_for(world_size)
@@ -221,7 +221,7 @@ def test_direct_plan_refuses_what_it_must_leave_to_dtensor(world_size):
 
 def _foreach_plans(op):
     """The foreach plans held for ``op``: each a (result plan, local pieces) pair, or None."""
-    from keras_dtensor_mixfix import _promotion
+    from keras_dtensor_mixfix._engine import promotion as _promotion
 
     info = _promotion._OP_INFO.get(id(op))
     return [] if info is None else list(info.fast.values())
@@ -355,7 +355,7 @@ def direct_threads(world_size):
 
 def shard_like(plain, peer):
     """``plain`` as the DTensor "replicate" promotes it to next to ``peer`` (built by hand, for references)."""
-    from keras_dtensor_mixfix._promotion import aligned_placements
+    from keras_dtensor_mixfix._engine.promotion import aligned_placements
     from torch.distributed.tensor import distribute_tensor
 
     return distribute_tensor(plain, peer.device_mesh, list(aligned_placements(plain, peer)))

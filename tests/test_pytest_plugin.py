@@ -8,7 +8,7 @@ CHECKS = """
 import pytest
 import torch
 import keras_dtensor_mixfix as mf
-from keras_dtensor_mixfix._registry import registry
+from keras_dtensor_mixfix._rules.registry import registry
 
 def test_fixture_patches(mixfix):
     assert mf.is_patched()

@@ -17,7 +17,7 @@ def per_rank_data_is_caught(world_size):
     import torch.distributed as dist
 
     import keras_dtensor_mixfix as mf
-    from keras_dtensor_mixfix._check import ReplicationCheckError, ReplicationCheckWarning
+    from keras_dtensor_mixfix._engine.check import ReplicationCheckError, ReplicationCheckWarning
 
     m = mesh_for(world_size)
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def local_shapes_are_checked(world_size):
     from torch.distributed.tensor import Shard
 
     import keras_dtensor_mixfix as mf
-    from keras_dtensor_mixfix._check import ReplicationCheckError
+    from keras_dtensor_mixfix._engine.check import ReplicationCheckError
 
     m = mesh_for(world_size)
     weight = shard(torch.ones(8, 4), m, (Shard(0),) * m.ndim)

@@ -17,23 +17,23 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Decision": "._decisions",
-    "MixedCall": "._decisions",
-    "Operand": "._decisions",
-    "Rule": "._decisions",
-    "MixedOperandError": "._errors",
-    "Options": "._options",
-    "current_options": "._patching",
-    "is_patched": "._patching",
-    "patch": "._patching",
-    "patched": "._patching",
-    "unpatch": "._patching",
-    "RuleHandle": "._registry",
-    "register_rule": "._registry",
-    "reset_stats": "._stats",
-    "stats": "._stats",
-    "hookimpl": ".hookspecs",
-    "UnsupportedTorchError": "._versions",
+    "Decision": "._rules.decisions",
+    "MixedCall": "._rules.decisions",
+    "Operand": "._rules.decisions",
+    "Rule": "._rules.decisions",
+    "MixedOperandError": "._rules.errors",
+    "Options": "._rules.options",
+    "current_options": "._lifecycle.patching",
+    "is_patched": "._lifecycle.patching",
+    "patch": "._lifecycle.patching",
+    "patched": "._lifecycle.patching",
+    "unpatch": "._lifecycle.patching",
+    "RuleHandle": "._rules.registry",
+    "register_rule": "._rules.registry",
+    "reset_stats": "._engine.stats",
+    "stats": "._engine.stats",
+    "hookimpl": "._rules.hookspecs",
+    "UnsupportedTorchError": "._torch.versions",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -53,11 +53,11 @@ def __dir__() -> list:
 
 
 if TYPE_CHECKING:  # what static type checkers and IDEs see
-    from ._decisions import Decision, MixedCall, Operand, Rule
-    from ._errors import MixedOperandError
-    from ._options import Options
-    from ._patching import current_options, is_patched, patch, patched, unpatch
-    from ._registry import RuleHandle, register_rule
-    from ._stats import reset_stats, stats
-    from ._versions import UnsupportedTorchError
-    from .hookspecs import hookimpl
+    from ._rules.decisions import Decision, MixedCall, Operand, Rule
+    from ._rules.errors import MixedOperandError
+    from ._rules.options import Options
+    from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch
+    from ._rules.registry import RuleHandle, register_rule
+    from ._engine.stats import reset_stats, stats
+    from ._torch.versions import UnsupportedTorchError
+    from ._rules.hookspecs import hookimpl

@@ -42,7 +42,7 @@ def activate() -> None:
     """Entry point for the ``torch.backends`` group; must never raise."""
     global state
     try:
-        from ._env import auto_activation_enabled
+        from ._rules.env import auto_activation_enabled
 
         if not auto_activation_enabled():
             state = "disabled by KERAS_DTENSOR_MIXFIX"
@@ -69,7 +69,7 @@ def activate() -> None:
 
 
 def _unsupported_torch() -> Optional[str]:
-    from ._versions import unsupported_reason
+    from ._torch.versions import unsupported_reason
 
     version = getattr(sys.modules.get("torch"), "__version__", None)
     if version is None:
@@ -80,19 +80,19 @@ def _unsupported_torch() -> Optional[str]:
 
 
 def _patch_now() -> None:
-    global state, _deferred
+    global state
     try:
-        from ._env import auto_activation_enabled
+        from ._rules.env import auto_activation_enabled
 
         if not auto_activation_enabled():
             state = "disabled by KERAS_DTENSOR_MIXFIX"
             return
-        from ._patching import is_patched, patch, patch_in_progress
+        from ._lifecycle.patching import defer_auto_activation, is_patched, patch, patch_in_progress
 
         if patch_in_progress():
             # The user's own patch() imported DTensor; it patches. Auto-activation's turn comes
-            # if that patch was temporary (a patched() block ends): see take_deferred().
-            _deferred = True
+            # if that patch was temporary (a patched() block ends): see defer_auto_activation().
+            defer_auto_activation(_patch_now)
             state = f"{TARGET} was first imported by a patch() call, which patched"
             return
         if not is_patched():
@@ -103,33 +103,13 @@ def _patch_now() -> None:
         log.warning("keras_dtensor_mixfix: auto-activation could not patch: %s", state)
 
 
-_deferred = False
-
-
-def take_deferred() -> bool:
-    """Whether auto-activation deferred to a ``patch()`` that was running; forgets it.
-
-    ``patched()`` asks before its own ``unpatch()``: if its ``patch()`` was what first imported
-    DTensor, auto-activation (enabled) would have patched at that import, so it patches when the
-    block ends. An explicit ``unpatch()`` asks too and discards the answer: the user decided.
-    """
-    global _deferred
-    deferred, _deferred = _deferred, False
-    return deferred
-
-
-def patch_as_configured() -> None:
-    """Patch now as auto-activation would have (used after a ``patched()`` block, see take_deferred)."""
-    _patch_now()
-
-
 def _maybe_install_keras() -> None:
     global keras_state
     if keras_state != "not installed" or not all(name in sys.modules for name in KERAS_MODULES):
         return
     keras_state = "installing"
     try:
-        from ._env import auto_activation_enabled
+        from ._rules.env import auto_activation_enabled
 
         if not auto_activation_enabled():
             keras_state = "disabled by KERAS_DTENSOR_MIXFIX"

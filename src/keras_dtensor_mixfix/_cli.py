@@ -27,9 +27,15 @@ def _describe_rule(rule: Any) -> str:
 def doctor(out: TextIO = sys.stdout) -> int:
     import keras_dtensor_mixfix as mf
 
-    from . import _autoload, _env, _intercept, _packs
-    from ._patching import interceptor
-    from ._registry import registry
+    from . import _autoload
+
+    from ._rules import env as _env
+
+    from ._lifecycle import intercept as _intercept
+
+    from ._rules import packs as _packs
+    from ._lifecycle.patching import interceptor
+    from ._rules.registry import registry
 
     _write(out, f"keras_dtensor_mixfix {mf.__version__}")
     _write(out, f"python {sys.version.split()[0]}; torch {torch.__version__}; {_keras_version()}")

@@ -1,12 +1,7 @@
-"""Hook specifications for rule packs (pluggy). Packs implement them with :data:`hookimpl`.
+"""Hook specifications for rule packs (pluggy); see :mod:`keras_dtensor_mixfix._rules.hookspecs`.
 
-A pack is a module or object exposed under the ``keras_dtensor_mixfix`` entry-point group::
+A pack implements :func:`register_rules` with :data:`hookimpl`::
 
-    # pyproject.toml of a pack
-    [project.entry-points.keras_dtensor_mixfix]
-    flash = "my_pack.rules"
-
-    # my_pack/rules.py
     from keras_dtensor_mixfix import hookimpl
 
     @hookimpl
@@ -14,18 +9,6 @@ A pack is a module or object exposed under the ``keras_dtensor_mixfix`` entry-po
         register("flash_attn::fwd", "replicate")
 """
 
-from __future__ import annotations
+from ._rules.hookspecs import PROJECT, hookimpl, hookspec, register_rules
 
-from typing import Any, Callable
-
-import pluggy
-
-PROJECT = "keras_dtensor_mixfix"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
-
-
-@hookspec
-def register_rules(register: Callable[[Any, Any], Any]) -> None:
-    """Register rules by calling ``register(op, rule)`` (same arguments as ``register_rule``)."""
+__all__ = ["PROJECT", "hookimpl", "hookspec", "register_rules"]

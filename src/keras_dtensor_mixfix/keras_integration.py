@@ -116,7 +116,7 @@ def install() -> bool:
             raise
         _installed = patches
         _report[:] = added
-        from ._patching import is_patched, patch
+        from ._lifecycle.patching import is_patched, patch
 
         global _patched_here
         if not is_patched():
@@ -136,7 +136,7 @@ def uninstall() -> None:
         _report.clear()
         global _patched_here
         if _patched_here:  # undo only the patch install() made
-            from ._patching import unpatch
+            from ._lifecycle.patching import unpatch
 
             _patched_here = False
             unpatch()
@@ -150,7 +150,6 @@ def _install_distribution_lib(patches: _Patches, added: List[str]) -> None:
     import keras.src.distribution.distribution_lib as distribution_module
 
     from . import _keras_distribution_lib as ours
-
     native = getattr(backend_module, "distribution_lib", None)
     if native is None:
         patches.set(backend_module, "distribution_lib", ours)

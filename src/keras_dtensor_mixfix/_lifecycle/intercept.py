@@ -27,8 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ._ops import has_two_tensor_inputs, op_key
-from ._torch_api import (custom_op_handler, dispatch_rule_holder, implicit_replication_enabled, is_mixed_operand_error,
+from .._rules.ops import has_two_tensor_inputs, op_key
+from .._torch.api import (custom_op_handler, dispatch_rule_holder, implicit_replication_enabled, is_mixed_operand_error,
                          registration_handle)
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
     whatever its size (torch crashes on a plain one-element destination next to a DTensor)."""
     from torch.distributed.tensor import DTensor
 
-    from ._ops import op_traits
+    from .._rules.ops import op_traits
 
     Tensor = torch.Tensor
 

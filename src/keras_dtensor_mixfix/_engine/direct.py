@@ -78,8 +78,8 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     schema = func._schema
     if schema._is_view_op():
         return None
-    from ._ops import op_traits
-    from ._promotion import _dtensors
+    from .._rules.ops import op_traits
+    from .promotion import _dtensors
 
     returns = [str(r.type) for r in schema.returns]
     written = op_traits(func).written

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._decisions import REPLICATE, Rule, validate_rule
+from .decisions import REPLICATE, Rule, validate_rule
 
 
 @dataclasses.dataclass(frozen=True)

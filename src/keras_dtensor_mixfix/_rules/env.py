@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING, Mapping, Optional, Tuple
 
 if TYPE_CHECKING:
-    from ._options import Options
+    from .options import Options
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -44,7 +44,7 @@ def auto_activation_enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options", dict]:
     """Options with environment overrides applied, and ``{option: variable}`` for those that were."""
-    from ._options import Options
+    from .options import Options
 
     options = Options()
     fields = {field.name: field for field in dataclasses.fields(Options)}

@@ -32,4 +32,4 @@ def unsupported_reason(version: str) -> Optional[str]:
     if OLDEST_TORCH <= release <= NEWEST_TORCH:
         return None
     return (f"torch {version} is outside the supported range ({supported_range()}): the mechanism relies on torch "
-            "internals checked only on those releases (see keras_dtensor_mixfix._torch_api)")
+            "internals checked only on those releases (see keras_dtensor_mixfix._torch.api)")

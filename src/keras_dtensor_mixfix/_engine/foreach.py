@@ -17,11 +17,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.distributed.tensor import DTensor
 
-from . import _direct, _stats
-from ._decisions import REPLICATE
-from ._errors import MixedOperandError
-from ._ops import OpTraits
-from ._promotion import (_UNDECIDED, _new_dtensor, _op_failed, _remember, cached_whole_entry, direct_allowed,
+from . import direct as _direct
+
+from . import stats as _stats
+from .._rules.decisions import REPLICATE
+from .._rules.errors import MixedOperandError
+from .._rules.ops import OpTraits
+from .promotion import (_UNDECIDED, _new_dtensor, _op_failed, _remember, cached_whole_entry, direct_allowed,
                          fast_path_options, needs_promotion, promote_operands, run_promoted)
 
 _Tensor = torch.Tensor
@@ -108,7 +110,7 @@ def _scalar_list_overload(func: Any) -> Any:
     packet = getattr(getattr(torch.ops, func.namespace), func._schema.name.split("::")[1])
     overload = getattr(packet, "ScalarList", None)
     if overload is None:
-        from ._errors import promotion_error
+        from .._rules.errors import promotion_error
 
         raise promotion_error(str(func), "a per-row tensor of scalars has no ScalarList form for DTensor operands")
     return overload

@@ -14,10 +14,10 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement
 
-from ._decisions import LOCAL, REPLICATE
-from ._errors import promotion_error
-from ._patching import is_patched as _is_active
-from ._torch_api import is_traced
+from .._rules.decisions import LOCAL, REPLICATE
+from .._rules.errors import promotion_error
+from .context import is_active as _is_active
+from .._torch.api import is_traced
 
 _ATTR = "_keras_dtensor_mixfix_grad_hook"
 

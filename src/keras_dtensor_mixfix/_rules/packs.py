@@ -48,7 +48,6 @@ def plugin_manager() -> Any:
         import pluggy
 
         from . import hookspecs
-
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(hookspecs)
         _manager = manager
@@ -62,8 +61,8 @@ def load_packs() -> List[PackRecord]:
         if _loaded:
             return list(_records)
         _loaded = True
-        from . import _builtin_pack
-        from ._env import disabled_packs
+        from . import builtin_pack as _builtin_pack
+        from .env import disabled_packs
 
         disabled = disabled_packs()
         manager = plugin_manager()
@@ -99,7 +98,7 @@ def load_packs() -> List[PackRecord]:
 
 
 def _run_pack(manager: Any, record: PackRecord) -> None:
-    from ._registry import registry
+    from .registry import registry
 
     def register(op: Any, rule: Any) -> Any:
         handle = registry.register(op, rule, source=f"pack:{record.name}")

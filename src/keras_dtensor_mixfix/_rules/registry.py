@@ -9,8 +9,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ._decisions import Rule, validate_rule
-from ._ops import OpLike, op_key, packet_name, resolve_op
+from .decisions import Rule, validate_rule
+from .ops import OpLike, op_key, packet_name, resolve_op
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any, List, Sequence, Tuple
 
 import torch
 
-from ._errors import MixedOperandError, describe_mesh, describe_tensor
+from .._rules.errors import MixedOperandError, describe_mesh, describe_tensor
 
 log = logging.getLogger("keras_dtensor_mixfix")
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from ._options import Options
-from ._registry import registry
+from .._engine import context
+from .._rules.options import Options
+from .._rules.registry import registry
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -30,9 +31,29 @@ def current_options() -> Options:
 
 
 def _base_options() -> Options:
-    from ._env import options_from_env
+    from .._rules.env import options_from_env
 
     return options_from_env()[0]
+
+
+_deferred_auto_activation: Optional[Callable[[], None]] = None
+
+
+def defer_auto_activation(activate: Callable[[], None]) -> None:
+    """Auto-activation found a ``patch()`` under way (it imported DTensor) and left it the work.
+
+    If that patch is temporary (a ``patched()`` block), ``activate`` runs when the block ends:
+    auto-activation (enabled) would have patched at that import, so that is the state to return
+    to. An explicit ``unpatch()`` forgets it: the user decided.
+    """
+    global _deferred_auto_activation
+    _deferred_auto_activation = activate
+
+
+def _take_deferred() -> Optional[Callable[[], None]]:
+    global _deferred_auto_activation
+    deferred, _deferred_auto_activation = _deferred_auto_activation, None
+    return deferred
 
 
 def patch_in_progress() -> bool:
@@ -87,17 +108,17 @@ def _patch(options: dict) -> None:
         return
     import torch
 
-    from ._versions import UnsupportedTorchError, unsupported_reason
+    from .._torch.versions import UnsupportedTorchError, unsupported_reason
 
     reason = unsupported_reason(torch.__version__)
     if reason is not None:
         raise UnsupportedTorchError(f"keras_dtensor_mixfix.patch(): {reason}. Install a supported torch.")
     new_options = _base_options().updated(**options)  # validate before touching torch
-    from ._packs import load_packs
+    from .._rules.packs import load_packs
 
     load_packs()  # rule packs load lazily, once per process
-    from ._intercept import DispatchRuleInterceptor
-    from ._promotion import promote_call
+    from .intercept import DispatchRuleInterceptor
+    from .._engine.promotion import promote_call
 
     installed = DispatchRuleInterceptor(promote_call)
     try:
@@ -107,11 +128,12 @@ def _patch(options: dict) -> None:
         raise
     _options = new_options
     _interceptor = installed
-    from ._stats import reset_stats
+    context.set_state(True, _options)
+    from .._engine.stats import reset_stats
 
     reset_stats()  # stats() counts since this patch()
     registry.clear_cache()
-    from ._torch_api import compiled_promotions
+    from .._torch.api import compiled_promotions
 
     compiled_promotions.install()
     log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)
@@ -124,15 +146,14 @@ def unpatch() -> None:
         if _interceptor is None:
             log.info("keras_dtensor_mixfix is not patched; nothing to undo")
             return
-        from ._autoload import take_deferred
-
-        take_deferred()  # an explicit unpatch() wins over an auto-activation deferred to an earlier patch()
+        _take_deferred()  # an explicit unpatch() wins over an auto-activation deferred to an earlier patch()
         installed = _interceptor
         _interceptor = None
+        context.set_state(False, Options())
         installed.remove()
         _options = Options()
         _clear_caches()
-        from ._torch_api import compiled_promotions
+        from .._torch.api import compiled_promotions
 
         compiled_promotions.uninstall()
         compiled_promotions.invalidate("unpatch()")
@@ -140,8 +161,8 @@ def unpatch() -> None:
 
 
 def _clear_caches() -> None:
-    from ._promotion import clear_caches
-    from ._torch_api import clear_sharding_cache
+    from .._engine.promotion import clear_caches
+    from .._torch.api import clear_sharding_cache
 
     clear_caches()
     registry.clear_cache()
@@ -152,13 +173,14 @@ def _set_options(options: Options) -> None:
     global _options
     changed = options != _options
     _options = options
+    context.set_state(_interceptor is not None, options)
     if changed and _interceptor is not None:
         _state_changed("patch options changed")
 
 
 def _state_changed(why: str) -> None:
     # Graphs compiled with a promotion hold the rules they were traced with.
-    from ._torch_api import compiled_promotions
+    from .._torch.api import compiled_promotions
 
     compiled_promotions.invalidate(why)
 
@@ -186,12 +208,10 @@ def patched(**options: Any) -> Iterator[None]:
                     patch()
                 _set_options(previous)
             elif is_patched():
-                from ._autoload import patch_as_configured, take_deferred
-
-                resume = take_deferred()
+                resume = _take_deferred()
                 unpatch()
-                if resume:
-                    patch_as_configured()
+                if resume is not None:
+                    resume()
 
 
 def _on_rules_changed(op: object) -> None:

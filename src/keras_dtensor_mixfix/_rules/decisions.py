@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
     import torch
@@ -82,9 +82,55 @@ class MixedCall:
 
     def peer_for(self, operand: Operand) -> "DTensor":
         """The DTensor a plain operand is matched against (same list first, then same shape)."""
-        from ._promotion import choose_peer
-
         return choose_peer(operand, self)
+
+
+def choose_peer(operand: Operand, call: MixedCall) -> DTensor:
+    """The DTensor whose sharding a plain operand is matched to.
+
+    Preference: the DTensor at the same index of another list (foreach rows), then a DTensor in
+    the same list (cat), then one of the same shape, then the first one.
+    """
+    return PeerIndex(call.operands).choose(operand)
+
+
+class PeerIndex:
+    """``choose_peer`` for every plain operand of one call in O(operands), not O(operands**2).
+
+    Each table keeps the *first* peer (in operand order) for its key, which is exactly what
+    the linear scans of the preference order would find.
+    """
+
+    __slots__ = ("peers", "by_row", "by_head")
+
+    def __init__(self, operands: Sequence[Operand]) -> None:
+        self.peers: List[DTensor] = []
+        self.by_row: Dict[Any, DTensor] = {}
+        self.by_head: Dict[Any, DTensor] = {}
+        for other in operands:
+            if other.is_plain:
+                continue
+            tensor = other.tensor
+            self.peers.append(tensor)  # type: ignore[arg-type]
+            if len(other.position) == 2:
+                self.by_row.setdefault(other.position[1], tensor)  # type: ignore[arg-type]
+            self.by_head.setdefault(other.position[0], tensor)  # type: ignore[arg-type]
+
+    def choose(self, operand: Operand) -> DTensor:
+        position = operand.position
+        if len(position) == 2:
+            found = self.by_row.get(position[1])
+            if found is not None:
+                return found
+            found = self.by_head.get(position[0])
+            if found is not None:
+                return found
+        # Shapes are compared, not hashed: while tracing they may hold symbolic sizes.
+        shape = tuple(operand.tensor.shape)
+        for peer in self.peers:
+            if tuple(peer.shape) == shape:
+                return peer
+        return self.peers[0]
 
 
 RuleAnswer = Union[str, Decision, Mapping[Position, Union[str, Decision]], Sequence[Union[str, Decision]], None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Optional
 
-from ._decisions import REPLICATE, MixedCall, Position
+from .decisions import REPLICATE, MixedCall, Position
 from .hookspecs import hookimpl
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ KNOWN_WRONG_IN_DTENSOR = {
 
 def refuse_known_wrong(call: MixedCall) -> Optional[str]:
     """Raise for calls DTensor computes wrongly; otherwise leave the decision to the default (None)."""
-    from ._errors import promotion_error
+    from .errors import promotion_error
 
     condition, what = KNOWN_WRONG_IN_DTENSOR[call.op._schema.name]
     if condition(call):

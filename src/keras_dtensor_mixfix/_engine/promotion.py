@@ -19,14 +19,19 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _direct, _grad, _stats
-from ._direct import IN_PLACE
-from ._torch_api import compiled_promotions, is_traced
-from ._decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, as_decision
-from ._errors import MixedOperandError, describe_mesh, promotion_error
-from ._ops import OpTraits, op_traits
-from ._patching import current_options as _current_options
-from ._registry import registry
+from . import direct as _direct
+
+from . import grad as _grad
+
+from . import stats as _stats
+from .direct import IN_PLACE
+from .._torch.api import compiled_promotions, is_traced
+from .._rules.decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, as_decision
+from .._rules.decisions import PeerIndex
+from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
+from .._rules.ops import OpTraits, op_traits
+from .context import options as _current_options
+from .._rules.registry import registry
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -59,54 +64,6 @@ def _collect(out: List[Operand], position: Tuple[Any, ...], value: Any, written:
         for sub, item in enumerate(value):
             if isinstance(item, torch.Tensor):
                 out.append(Operand(position + (sub,), item, not isinstance(item, DTensor), written))
-
-
-def choose_peer(operand: Operand, call: MixedCall) -> DTensor:
-    """The DTensor whose sharding a plain operand is matched to.
-
-    Preference: the DTensor at the same index of another list (foreach rows), then a DTensor in
-    the same list (cat), then one of the same shape, then the first one.
-    """
-    return _PeerIndex(call.operands).choose(operand)
-
-
-class _PeerIndex:
-    """``choose_peer`` for every plain operand of one call in O(operands), not O(operands**2).
-
-    Each table keeps the *first* peer (in operand order) for its key, which is exactly what
-    the linear scans of the preference order would find.
-    """
-
-    __slots__ = ("peers", "by_row", "by_head")
-
-    def __init__(self, operands: Sequence[Operand]) -> None:
-        self.peers: List[DTensor] = []
-        self.by_row: Dict[Any, DTensor] = {}
-        self.by_head: Dict[Any, DTensor] = {}
-        for other in operands:
-            if other.is_plain:
-                continue
-            tensor = other.tensor
-            self.peers.append(tensor)  # type: ignore[arg-type]
-            if len(other.position) == 2:
-                self.by_row.setdefault(other.position[1], tensor)  # type: ignore[arg-type]
-            self.by_head.setdefault(other.position[0], tensor)  # type: ignore[arg-type]
-
-    def choose(self, operand: Operand) -> DTensor:
-        position = operand.position
-        if len(position) == 2:
-            found = self.by_row.get(position[1])
-            if found is not None:
-                return found
-            found = self.by_head.get(position[0])
-            if found is not None:
-                return found
-        # Shapes are compared, not hashed: while tracing they may hold symbolic sizes.
-        shape = tuple(operand.tensor.shape)
-        for peer in self.peers:
-            if tuple(peer.shape) == shape:
-                return peer
-        return self.peers[0]
 
 
 # --------------------------------------------------------------------------- placements
@@ -621,7 +578,7 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                     _stats.record_key(info.stats_key)
                     return result
     elif traits.foreach:
-        from ._foreach import foreach_call
+        from .foreach import foreach_call
 
         return foreach_call(func, args, kwargs, traits, info)
     new_args, new_kwargs, promoted = promote_operands(func, args, kwargs, traits)
@@ -719,7 +676,7 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
         raise MixedOperandError(f"keras_dtensor_mixfix: {exc}") from exc
     promoted: Promoted = []
     replacements: Dict[Tuple[Any, ...], DTensor] = {}
-    peers = _PeerIndex(call.operands)
+    peers = PeerIndex(call.operands)
     for operand in call.plain:
         decision = decisions[operand.position]
         mesh = decision.mesh if decision.mesh is not None else call.mesh
@@ -771,8 +728,7 @@ def run_promoted(func: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dic
 
 
 def _check_promoted(mode: str, traits: OpTraits, promoted: Promoted) -> None:
-    from . import _check
-
+    from . import check as _check
     for operand, dtensor, decision, placements in promoted:
         if is_traced(operand.tensor):
             continue  # no collectives while torch.compile traces
