@@ -19,12 +19,12 @@ WORLD_SIZES = [2, 4]
 
 def _plans(op):
     """The direct plans the fast path holds for ``op`` (``_UNDECIDED`` entries excluded)."""
-    from keras_dtensor_mixfix._engine import promotion as _promotion
+    from keras_dtensor_mixfix._engine import plans as _plans
 
-    info = _promotion._OP_INFO.get(id(op))
+    info = _plans.OP_STATES.get(id(op))
     if info is None:
         return []
-    return [entry[3] for entry in info.fast.values() if entry[3] is not _promotion._UNDECIDED]
+    return [entry[3] for entry in info.fast.values() if entry[3] is not _plans.UNDECIDED]
 
 
 def _placements(m, kind):
@@ -221,9 +221,9 @@ def test_direct_plan_refuses_what_it_must_leave_to_dtensor(world_size):
 
 def _foreach_plans(op):
     """The foreach plans held for ``op``: each a (result plan, local pieces) pair, or None."""
-    from keras_dtensor_mixfix._engine import promotion as _promotion
+    from keras_dtensor_mixfix._engine import plans as _plans
 
-    info = _promotion._OP_INFO.get(id(op))
+    info = _plans.OP_STATES.get(id(op))
     return [] if info is None else list(info.fast.values())
 
 
@@ -355,7 +355,7 @@ def direct_threads(world_size):
 
 def shard_like(plain, peer):
     """``plain`` as the DTensor "replicate" promotes it to next to ``peer`` (built by hand, for references)."""
-    from keras_dtensor_mixfix._engine.promotion import aligned_placements
+    from keras_dtensor_mixfix._engine.placements import aligned_placements
     from torch.distributed.tensor import distribute_tensor
 
     return distribute_tensor(plain, peer.device_mesh, list(aligned_placements(plain, peer)))

@@ -84,7 +84,7 @@ def check_replicated(mode: str, op: str, label: str, tensor: torch.Tensor, mesh:
 def check_local(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, placements: Sequence[Any],
                 global_shape: Tuple[int, ...]) -> None:
     """This rank's piece has the shape ``global_shape`` and ``placements`` give it on every rank."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from .._torch.api import compute_local_shape_and_global_offset
 
     expected, _ = compute_local_shape_and_global_offset(global_shape, mesh, placements)
     mine = (tuple(expected) == tuple(tensor.shape), tuple(tensor.shape), tuple(expected))

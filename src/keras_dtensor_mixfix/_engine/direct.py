@@ -25,7 +25,10 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+from .._rules.ops import op_traits
+from .._torch.api import DTensorSpec, dtensor_handles_specially, propagate_sharding
+from .operands import dtensors_in
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -70,17 +73,11 @@ def plan(func: Any, promoted_args: Tuple[Any, ...], kwargs: Optional[Dict[str, A
 def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     if type(func) is not torch._ops.OpOverload:
         return None
-    dispatcher = DTensor._op_dispatcher
-    if func in dispatcher._random_ops or torch.Tag.nondeterministic_seeded in func.tags:
-        return None  # DTensor runs these under its RNG tracker
-    if func in dispatcher._custom_op_handlers:
-        return None
+    if dtensor_handles_specially(func) or torch.Tag.nondeterministic_seeded in func.tags:
+        return None  # random ops run under DTensor's RNG tracker; custom handlers their own way
     schema = func._schema
     if schema._is_view_op():
         return None
-    from .._rules.ops import op_traits
-    from .promotion import _dtensors
-
     returns = [str(r.type) for r in schema.returns]
     written = op_traits(func).written
     if written and written != {0}:
@@ -90,17 +87,13 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
     if foreach:
         if returns not in ([], ["List[Tensor]"], ["Tensor[]"]) or (in_place != (returns == [])):
             return None
-        if any(type(p) not in _PLAIN_PLACEMENTS for t in _dtensors(args, kwargs) for p in t._spec.placements):
+        if any(type(p) not in _PLAIN_PLACEMENTS for t in dtensors_in(args, kwargs) for p in t._spec.placements):
             return None
     elif returns != ["Tensor"] or kwargs:
         return None
     elif in_place and type(args[0]) is not DTensor:
         return None
-    op_info = dispatcher.unwrap_to_op_info(func, args, kwargs)
-    if not op_info.compute_mesh._is_current_rank_part_of_mesh():
-        return None
-    dispatcher.sharding_propagator.propagate(op_info)
-    sharding = op_info.output_sharding
+    sharding = propagate_sharding(func, args, kwargs)
     if sharding is None or sharding.needs_redistribute:
         return None
     spec: Any = sharding.output_spec

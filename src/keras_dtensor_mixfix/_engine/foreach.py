@@ -18,13 +18,14 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from . import direct as _direct
-
 from . import stats as _stats
 from .._rules.decisions import REPLICATE
 from .._rules.errors import MixedOperandError
 from .._rules.ops import OpTraits
-from .promotion import (_UNDECIDED, _new_dtensor, _op_failed, _remember, cached_whole_entry, direct_allowed,
-                         fast_path_options, needs_promotion, promote_operands, run_promoted)
+from .construct import new_dtensor, remember
+from .operands import needs_promotion
+from .plans import UNDECIDED, direct_allowed, fast_path_options
+from .promote import cached_whole_entry, op_failed, promote_operands, run_promoted
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -176,11 +177,11 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
     if not plains:
         return _NOT_DIRECT
     plan_key = tuple(key)
-    found = info.fast.get(plan_key, _UNDECIDED)
+    found = info.fast.get(plan_key, UNDECIDED)
     if found is None:
         return _NOT_DIRECT
     new_args = list(args)
-    if found is _UNDECIDED:
+    if found is UNDECIDED:
         # First call of this shape: run the promoted call through DTensor, decide from it.
         promoted_lists = [list(args[position]) for position in lists]
         pieces: List[Any] = []
@@ -188,7 +189,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
             _, local_index, spec = cached_whole_entry(item, peers[row], traits, (lists[column], row))
             pieces.append(local_index)
             local = item if local_index is None else item[local_index]
-            promoted_lists[column][row] = _new_dtensor(local, spec, True)
+            promoted_lists[column][row] = new_dtensor(local, spec, True)
         for column, position in enumerate(lists):
             new_args[position] = promoted_lists[column]
         promoted_args = tuple(new_args)
@@ -196,7 +197,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         result = _run(info, traits, promoted_args, kwargs, len(plains))
         plan = _direct.confirmed(planned, promoted_args, result)
         # The plan holds each plain operand's local piece: the key fixes all of them.
-        _remember(info.fast, plan_key, None if plan is None else (plan, pieces))
+        remember(info.fast, plan_key, None if plan is None else (plan, pieces))
         return result
     plan, pieces = found
     for (column, row, item), local_index in zip(plains, pieces):
@@ -207,7 +208,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
     if plan is _direct.NO_RESULT:
         return None
     # As DTensor wraps each local result (``requires_grad`` from the result, False below autograd).
-    return [DTensor(o, s, requires_grad=True) if o.requires_grad else _new_dtensor(o, s, True)  # type: ignore[call-arg]
+    return [DTensor(o, s, requires_grad=True) if o.requires_grad else new_dtensor(o, s, True)  # type: ignore[call-arg]
             for o, s in zip(out, plan)]
 
 
@@ -217,6 +218,6 @@ def _run(info: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, A
     except MixedOperandError:
         raise
     except Exception as exc:
-        raise _op_failed(traits, [("foreach lists", REPLICATE, ())], args, kwargs, exc) from exc
+        raise op_failed(traits, [("foreach lists", REPLICATE, ())], args, kwargs, exc) from exc
     _stats.record(traits.name, [REPLICATE] * promoted)
     return result

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .._rules.ops import has_two_tensor_inputs, op_key
-from .._torch.api import (custom_op_handler, dispatch_rule_holder, implicit_replication_enabled, is_mixed_operand_error,
+from .._torch.api import (all_op_qualnames, custom_op_handler, op_schema, dispatch_rule_holder, implicit_replication_enabled, is_mixed_operand_error,
                          registration_handle)
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ _op_names_cache: Dict[int, List[str]] = {}
 
 def candidate_qualnames() -> List[str]:
     """Qualified names (``aten::mul.Tensor``, ``aten::mm``) of every op taking two or more tensors."""
-    names = torch._C._dispatch_get_all_op_names()
+    names = all_op_qualnames()
     cached = _op_names_cache.get(len(names))
     if cached is not None:
         return cached
@@ -55,7 +55,7 @@ def candidate_qualnames() -> List[str]:
     for qualname in names:
         name, _, overload = qualname.partition(".")
         try:
-            schema = torch._C._get_schema(name, overload)
+            schema = op_schema(name, overload)
         except RuntimeError:
             continue
         arguments = schema.arguments

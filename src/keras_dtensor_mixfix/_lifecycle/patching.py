@@ -118,7 +118,7 @@ def _patch(options: dict) -> None:
 
     load_packs()  # rule packs load lazily, once per process
     from .intercept import DispatchRuleInterceptor
-    from .._engine.promotion import promote_call
+    from .._engine.pipeline import promote_call
 
     installed = DispatchRuleInterceptor(promote_call)
     try:
@@ -161,7 +161,7 @@ def unpatch() -> None:
 
 
 def _clear_caches() -> None:
-    from .._engine.promotion import clear_caches
+    from .._engine.pipeline import clear_caches
     from .._torch.api import clear_sharding_cache
 
     clear_caches()

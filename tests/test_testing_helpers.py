@@ -1,0 +1,121 @@
+"""keras_dtensor_mixfix.testing: results, errors, time-outs and worker restarts; MixedCall.peer_for; built-in refusals."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from _ranks import mesh_for, placements_for, shard
+from keras_dtensor_mixfix.testing import RankError, run_on_ranks
+
+_calls_in_this_worker = []
+
+
+def count_calls():
+    _calls_in_this_worker.append(1)
+    return os.getpid(), len(_calls_in_this_worker)
+
+
+def fail_on_rank(failing):
+    from keras_dtensor_mixfix.testing import rank
+
+    if rank() in failing:
+        raise ValueError(f"boom on rank {rank()}")
+    return rank()
+
+
+def sleep_on_rank_one(seconds):
+    from keras_dtensor_mixfix.testing import rank
+
+    if rank() == 1:
+        time.sleep(seconds)
+    return rank()
+
+
+def test_results_come_back_rank_zero_first_and_workers_are_reused():
+    first = run_on_ranks(count_calls, world_size=2)
+    second = run_on_ranks(count_calls, world_size=2)
+    assert [pid for pid, _ in first] == [pid for pid, _ in second]  # same worker processes
+    assert [n for _, n in second] == [n + 1 for _, n in first]
+
+
+def test_a_rank_that_raises_is_reported_with_its_traceback_and_workers_restart():
+    before = [pid for pid, _ in run_on_ranks(count_calls, world_size=2)]
+    with pytest.raises(RankError) as info:
+        run_on_ranks(fail_on_rank, [1], world_size=2)
+    error = info.value
+    assert (error.rank, error.exc_type, error.message) == (1, "ValueError", "boom on rank 1")
+    assert "fail_on_rank" in error.remote_traceback and set(error.failures) == {1}
+    after = run_on_ranks(count_calls, world_size=2)
+    assert [pid for pid, _ in after] != before and [n for _, n in after] == [1, 1]  # fresh workers
+
+
+def test_the_lowest_failing_rank_is_reported_and_the_others_listed():
+    with pytest.raises(RankError, match=r"rank 0 raised ValueError: boom on rank 0 \(ranks \[1\] failed too\)") as info:
+        run_on_ranks(fail_on_rank, [0, 1], world_size=2)
+    assert set(info.value.failures) == {0, 1}
+
+
+def test_a_rank_that_does_not_answer_in_time_is_a_timeout_error():
+    with pytest.raises(RankError) as info:
+        run_on_ranks(sleep_on_rank_one, 30, world_size=2, timeout=3)
+    assert (info.value.rank, info.value.exc_type) == (1, "TimeoutError")
+    assert run_on_ranks(fail_on_rank, [], world_size=2) == [0, 1]  # restarted and usable
+
+
+# --------------------------------------------------------------------------- MixedCall.peer_for
+
+
+def peer_choice(world_size):
+    import keras_dtensor_mixfix as mf
+
+    m = mesh_for(world_size)
+    wide = shard(torch.ones(4, 6), m, placements_for(m, 1))
+    tall = shard(torch.ones(6, 4), m, placements_for(m, 0))
+    seen = {}
+
+    def rule(call):
+        seen[call.op._schema.name] = {
+            o.label: next(i for i, peer in enumerate(call.peers) if peer is call.peer_for(o)) for o in call.plain}
+        return None
+
+    column = shard(torch.ones(6, 1), m, placements_for(m, 0))
+    with mf.register_rule("aten::_foreach_add.List", rule), mf.register_rule("aten::cat", rule), \
+            mf.register_rule("aten::addcmul", rule), mf.patched():
+        torch._foreach_add([tall, torch.ones(4, 6)], [torch.ones(6, 4), wide])  # same row of the other list
+        torch.cat([wide, torch.ones(4, 6)])                                        # same list
+        torch.addcmul(torch.ones(6, 4), column, tall)                              # same shape, not the first peer
+    return seen
+
+
+def test_peer_for_prefers_the_same_row_then_the_same_list_then_the_same_shape():
+    seen = run_on_ranks(peer_choice, 2, world_size=2)[0]
+    assert seen["aten::_foreach_add"] == {"args[0][1]": 1, "args[1][0]": 0}
+    assert seen["aten::cat"] == {"args[0][1]": 0}
+    assert seen["aten::addcmul"] == {"args[0]": 1}
+
+
+# --------------------------------------------------------------------------- the built-in pack's refusals
+
+
+def builtin_refusal(world_size):
+    import keras_dtensor_mixfix as mf
+
+    m = mesh_for(world_size)
+    target = shard(torch.zeros(4, 3), m, placements_for(m, 0))
+    index = torch.tensor([[0, 1, 2], [1, 2, 0], [0, 0, 0], [2, 2, 2]])
+    with mf.patched():
+        try:
+            target.scatter_add(1, index, torch.ones(4, 3))
+        except mf.MixedOperandError as exc:
+            return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_builtin_pack_refuses_a_mixed_scatter_add_on_a_sharded_tensor(world_size):
+    message = run_on_ranks(builtin_refusal, world_size, world_size=world_size)[0]
+    assert "scatter_add" in message and "rank-dependent" in message and "Redistribute" in message, message
