@@ -77,6 +77,20 @@ def new_dtensor(local: torch.Tensor, spec: DTensorSpec, eager: bool) -> DTensor:
     return DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
 
 
+def local_piece(plain: torch.Tensor, local_index: Optional[Tuple[slice, ...]]) -> torch.Tensor:
+    """This rank's piece of the whole tensor ``plain`` (all of it for ``None``), detached: below
+    autograd the flag means nothing, and detaching keeps DTensor from warning about it."""
+    local = plain if local_index is None else plain[local_index]
+    return local.detach() if local.requires_grad else local
+
+
+def wrap_result(out: torch.Tensor, spec: DTensorSpec) -> DTensor:
+    """A local result wrapped the way DTensor wraps one (``requires_grad`` from the result)."""
+    if dtensor_new is not None:
+        return dtensor_new(DTensor, out, spec, requires_grad=out.requires_grad)
+    return DTensor(out, spec, requires_grad=out.requires_grad)  # type: ignore[call-arg]
+
+
 def wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensor:
     if local.requires_grad:
         # Below autograd the flag means nothing; detaching keeps DTensor from warning about it.

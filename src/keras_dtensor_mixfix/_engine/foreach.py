@@ -20,12 +20,11 @@ from torch.distributed.tensor import DTensor
 from . import direct as _direct
 from . import stats as _stats
 from .._rules.decisions import REPLICATE
-from .._rules.errors import MixedOperandError
 from .._rules.ops import OpTraits
-from .construct import new_dtensor, remember
+from .construct import local_piece, new_dtensor, remember, wrap_result
 from .operands import needs_promotion
 from .plans import UNDECIDED, direct_allowed, fast_path_options
-from .promote import cached_whole_entry, op_failed, promote_operands, run_promoted
+from .promote import cached_whole_entry, call_op, promote_operands, run_promoted
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -188,8 +187,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         for column, row, item in plains:
             _, local_index, spec = cached_whole_entry(item, peers[row], traits, (lists[column], row))
             pieces.append(local_index)
-            local = item if local_index is None else item[local_index]
-            promoted_lists[column][row] = new_dtensor(local, spec, True)
+            promoted_lists[column][row] = new_dtensor(local_piece(item, local_index), spec, True)
         for column, position in enumerate(lists):
             new_args[position] = promoted_lists[column]
         promoted_args = tuple(new_args)
@@ -201,23 +199,16 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         return result
     plan, pieces = found
     for (column, row, item), local_index in zip(plains, pieces):
-        local_lists[column][row] = item if local_index is None else item[local_index]
+        local_lists[column][row] = local_piece(item, local_index)
     for column, position in enumerate(lists):
         new_args[position] = local_lists[column]
     out = _run(info, traits, tuple(new_args), kwargs, len(plains))
     if plan is _direct.NO_RESULT:
         return None
-    # As DTensor wraps each local result (``requires_grad`` from the result, False below autograd).
-    return [DTensor(o, s, requires_grad=True) if o.requires_grad else new_dtensor(o, s, True)  # type: ignore[call-arg]
-            for o, s in zip(out, plan)]
+    return [wrap_result(o, s) for o, s in zip(out, plan)]
 
 
 def _run(info: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: int) -> Any:
-    try:
-        result = info.call(*args, **kwargs)
-    except MixedOperandError:
-        raise
-    except Exception as exc:
-        raise op_failed(traits, [("foreach lists", REPLICATE, ())], args, kwargs, exc) from exc
+    result = call_op(info.call, args, kwargs, traits, [("foreach lists", REPLICATE, ())])
     _stats.record(traits.name, [REPLICATE] * promoted)
     return result

@@ -17,13 +17,12 @@ from . import direct as _direct
 from . import grad as _grad
 from . import stats as _stats
 from .._rules.decisions import REPLICATE, Operand
-from .._rules.errors import MixedOperandError
-from .construct import SLICE_CACHE, SPEC_CACHE, dtensor_new, remember
+from .construct import SLICE_CACHE, SPEC_CACHE, local_piece, new_dtensor, remember, wrap_result
 from .direct import IN_PLACE
 from .foreach import foreach_call
 from .operands import no_tensors
 from .plans import FAST_OPTIONS, OP_STATES, UNDECIDED, fast_path_options, op_state
-from .promote import LOCAL_MEMO, WHOLE_CACHE, op_failed, promote_operands, run_promoted, whole_entry
+from .promote import LOCAL_MEMO, WHOLE_CACHE, call_op, promote_operands, run_promoted, whole_entry
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter  # plain too: ``type(p) is Parameter`` for an nn.Parameter that is no DTensor
@@ -102,41 +101,24 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                     entry = info.fast.get(key)
                     if entry is None:
                         # Raises the general path's errors.
-                        entry = [*whole_entry(Operand((index,), plain, True, False), peer, traits), UNDECIDED]
+                        placements, local_index, spec = whole_entry(Operand((index,), plain, True, False), peer, traits)
+                        described = [(f"args[{index}]", REPLICATE, placements)]
+                        entry = [placements, local_index, spec, UNDECIDED, described]
                         remember(info.fast, key, entry)
-                    # The general path's promote_whole + run_promoted, inlined (a call costs).
-                    placements, local_index, spec, direct = entry
-                    if local_index is not None:
-                        local = plain[local_index]
-                        if local.requires_grad:
-                            local = local.detach()
-                    elif plain.requires_grad:
-                        local = plain.detach()
-                    else:
-                        local = plain
+                    # The general path's promote_whole + run_promoted, without its per-call objects.
+                    placements, local_index, spec, direct, described = entry
+                    local = local_piece(plain, local_index)
                     two = len(args) == 2 and not kwargs and FAST_OPTIONS[3]
                     if two and direct is not None and direct is not UNDECIDED:
                         # What DTensor would do with the promoted call, without building it
-                        # (see _direct): run the op on the local tensors and wrap the result.
-                        try:
-                            if index == 1:
-                                out = info.call(peer._local_tensor, local)
-                            else:
-                                out = info.call(local, peer._local_tensor)
-                        except Exception as exc:
-                            raise op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], args, kwargs,
-                                             exc) from exc
-                        if direct is IN_PLACE:
-                            result = peer
-                        elif dtensor_new is not None:
-                            result = dtensor_new(DTensor, out, direct, requires_grad=out.requires_grad)
+                        # (see direct.py): run the op on the local tensors and wrap the result.
+                        if index == 1:
+                            out = call_op(info.call, (peer._local_tensor, local), kwargs, traits, described)
                         else:
-                            result = DTensor(out, direct, requires_grad=out.requires_grad)  # type: ignore[call-arg]
+                            out = call_op(info.call, (local, peer._local_tensor), kwargs, traits, described)
+                        result = peer if direct is IN_PLACE else wrap_result(out, direct)
                     else:
-                        if dtensor_new is not None:
-                            operand = dtensor_new(DTensor, local, spec, requires_grad=False)
-                        else:
-                            operand = DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+                        operand = new_dtensor(local, spec, True)
                         if index == 0:
                             new_args = (operand,) + args[1:]
                         elif index == 1 and len(args) == 2:
@@ -146,13 +128,7 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                         # The first call of each shape: decide (before an in-place op can change
                         # anything) whether the next ones may skip the re-dispatch.
                         planned = _direct.plan(func, new_args) if two and direct is UNDECIDED else None
-                        try:
-                            result = info.call(*new_args, **kwargs)
-                        except MixedOperandError:
-                            raise
-                        except Exception as exc:
-                            raise op_failed(traits, [(f"args[{index}]", REPLICATE, placements)], new_args, kwargs,
-                                             exc) from exc
+                        result = call_op(info.call, new_args, kwargs, traits, described)
                         if two and direct is UNDECIDED:
                             entry[3] = _direct.confirmed(planned, new_args, result)
                     if plain.requires_grad and options.plain_grads:

@@ -28,8 +28,9 @@ class OpState:
         self.version = -1  # the registry's version ``rule`` was looked up at
         self.stats_key = (self.traits.name, REPLICATE)
         # The fast path's decisions for this op: (plain's position, shape, stride, dtype, the
-        # DTensor's spec) -> [placements, local index, promoted spec, direct plan]; the plan is
-        # UNDECIDED until the first 2-argument call of that shape has been re-dispatched.
+        # DTensor's spec) -> [placements, local index, promoted spec, direct plan, the operand as
+        # described in errors]; the plan is UNDECIDED until the first 2-argument call of that
+        # shape has been re-dispatched.
         self.fast: Dict[Tuple[Any, ...], List[Any]] = {}
 
 

@@ -16,7 +16,7 @@ from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._rules.registry import registry
 from .._torch.api import DTensorSpec, compiled_promotions, is_traced, redistribute_local_tensor
-from .construct import (contiguous_stride, local_slice, make_spec, new_dtensor, remember, wrap)
+from .construct import contiguous_stride, local_piece, local_slice, make_spec, new_dtensor, remember, wrap
 from .context import options as _current_options
 from .decide import decide
 from .operands import build_call, collect_operands, dtensors_in, rebuild
@@ -41,10 +41,7 @@ def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, 
         if (plain_type is _Tensor or plain_type is _Parameter) and (local_type is _Tensor or local_type is _Parameter):
             # Eager, default decision: the fast path's cached answer (foreach rows come here).
             placements, local_index, spec = cached_whole_entry(plain, peer, traits, operand.position)
-            local = plain if local_index is None else plain[local_index]
-            if local.requires_grad:
-                local = local.detach()
-            return new_dtensor(local, spec, True), placements
+            return new_dtensor(local_piece(plain, local_index), spec, True), placements
     if decision.placements is not None:
         placements = tuple(decision.placements)
         if any(isinstance(p, Partial) for p in placements):
@@ -69,7 +66,7 @@ def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, 
         replicated = make_spec(mesh, (Replicate(),) * mesh.ndim, shape, plain.stride(), plain.dtype)
         target = make_spec(mesh, placements, shape, plain.stride(), plain.dtype)
         local = redistribute_local_tensor(plain, replicated, target)
-        return DTensor(local, target, requires_grad=False), placements  # type: ignore[call-arg]
+        return new_dtensor(local, target, eager=False), placements
     local = plain[local_slice(shape, mesh, placements)]
     return wrap(local, mesh, placements, shape, plain.stride(), plain.dtype), placements
 
@@ -193,12 +190,7 @@ def run_promoted(func: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dic
         # Before the op: a rank whose operand breaks the assumption may fail inside the op, and
         # every rank must reach the check's collective.
         _check_promoted(options.check, traits, promoted)
-    try:
-        result = op_state(func).call(*args, **kwargs)
-    except MixedOperandError:
-        raise
-    except Exception as exc:
-        raise op_failed(traits, [(o.label, d.kind, p) for o, _, d, p in promoted], args, kwargs, exc) from exc
+    result = call_op(op_state(func).call, args, kwargs, traits, [(o.label, d.kind, p) for o, _, d, p in promoted])
     if options.plain_grads:
         for operand, _, decision, placements in promoted:
             if operand.tensor.requires_grad:
@@ -220,6 +212,20 @@ def _check_promoted(mode: str, traits: OpTraits, promoted: Promoted) -> None:
         else:
             _check.check_local(mode, traits.name, operand.label, operand.tensor, dtensor.device_mesh, placements,
                                tuple(dtensor.shape))
+
+
+Described = List[Tuple[str, str, Tuple[Placement, ...]]]
+"""Each promoted operand as (label, rule kind, placements), for error messages."""
+
+
+def call_op(call: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, described: Described) -> Any:
+    """Run the op on promoted (or local) operands; its failure names what was promoted and how."""
+    try:
+        return call(*args, **kwargs)
+    except MixedOperandError:
+        raise
+    except Exception as exc:
+        raise op_failed(traits, described, args, kwargs, exc) from exc
 
 
 def op_failed(traits: OpTraits, described: List[Tuple[str, str, Tuple[Placement, ...]]], args: Tuple[Any, ...],
