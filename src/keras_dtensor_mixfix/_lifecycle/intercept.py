@@ -61,7 +61,8 @@ def candidate_qualnames() -> List[str]:
         arguments = schema.arguments
         if has_two_tensor_inputs(schema, arguments):
             found.append(qualname)
-            if any(a.alias_info is not None and a.alias_info.is_write for a in arguments):
+            first = arguments[0] if arguments else None
+            if first is not None and not first.kwarg_only and first.alias_info is not None and first.alias_info.is_write:
                 _writing_ops.add(qualname)
     _op_names_cache.clear()
     _op_names_cache[len(names)] = found
@@ -69,15 +70,18 @@ def candidate_qualnames() -> List[str]:
 
 
 _writing_ops: set = set()
-"""Candidate ops that write into an argument (in-place and out= forms)."""
+"""Candidate in-place ops: they write into their first argument (``self``, or a ``self`` list)."""
 
 
 def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Callable[..., Any]:
-    """The rule for ops that write into an argument: also promotes a plain tensor being written,
-    whatever its size (torch crashes on a plain one-element destination next to a DTensor)."""
-    from torch.distributed.tensor import DTensor
+    """The rule for in-place ops: also acts on a plain ONE-element ``self`` next to a DTensor.
 
-    from .._rules.ops import op_traits
+    Torch promotes one-element plain operands it reads, but an in-place op whose ``self`` is plain
+    crashes in DTensor's dispatch (a bare AssertionError, after writing a local result): that is
+    the one write it cannot handle. Other written arguments (``out=``, a norm's running
+    statistics) go down torch's own path, whatever it does with them.
+    """
+    from torch.distributed.tensor import DTensor
 
     Tensor = torch.Tensor
 
@@ -87,46 +91,20 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
             first, second = args
             if type(first) is DTensor and type(second) is DTensor:
                 return NotImplemented
-        # One pass does base_rule's job and notes whether any plain one-element tensor is present:
-        # without one (every pure-DTensor in-place call) nothing is written into a plain tensor
-        # and the per-op lookup below is skipped, so in-place DTensor ops cost what others do.
-        small = False
-        for value in args:
-            kind = type(value)
-            if kind is DTensor:
-                continue
-            if kind is list or kind is tuple:
-                for item in value:
-                    # ``type(item) is DTensor`` first: foreach lists of parameters are long.
-                    if type(item) is not DTensor and isinstance(item, Tensor) and not isinstance(item, DTensor):
-                        if item.numel() != 1:
-                            return handle_mixed(func, args, kwargs)
-                        small = True
-            elif isinstance(value, Tensor) and not isinstance(value, DTensor):
-                if value.numel() != 1:
-                    return handle_mixed(func, args, kwargs)
-                small = True
-        if kwargs:
-            result = base_rule(cls, func, types, args, kwargs)
-            if result is not NotImplemented:
-                return result
-            small = True  # (rare) let the written-argument check below look at kwargs too
-        if not small:
+        result = base_rule(cls, func, types, args, kwargs)
+        if result is not NotImplemented or not args:
+            return result
+        target = args[0]
+        if type(target) is DTensor:
             return NotImplemented
-        for position in op_traits(func).written:
-            if type(position) is int:
-                value = args[position] if position < len(args) else None
-            else:
-                value = kwargs.get(position)
-            if type(value) is DTensor:
-                continue
-            if isinstance(value, Tensor):
-                if not isinstance(value, DTensor):
+        if isinstance(target, Tensor):
+            if not isinstance(target, DTensor):
+                return handle_mixed(func, args, kwargs)
+        elif type(target) is list or type(target) is tuple:
+            for item in target:
+                # ``type(item) is DTensor`` first: foreach lists of parameters are long.
+                if type(item) is not DTensor and isinstance(item, Tensor) and not isinstance(item, DTensor):
                     return handle_mixed(func, args, kwargs)
-            elif type(value) is list or type(value) is tuple:
-                for item in value:
-                    if isinstance(item, Tensor) and not isinstance(item, DTensor):
-                        return handle_mixed(func, args, kwargs)
         return NotImplemented
 
     return dtensor_dispatch_rule_writes
