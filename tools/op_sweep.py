@@ -23,13 +23,20 @@ Per sample it also records whether DTensor itself supports the op (every tensor 
 needed); every case that is not correct is rerun unpatched with the other operands made Replicate
 DTensors by hand ("DTensor alone"), which tells torch's faults from the patch's.
 
+Differential "unchanged" check (``opsweep.differential``): every call torch makes without the patch
+- every tensor operand a DTensor (all ``Replicate``, and each case's ``Shard(d)`` with the others
+``Replicate``), the mixed calls torch accepted unpatched, and every mixed call under DTensor's
+``implicit_replication()`` - is run unpatched and patched from identical inputs; the outcomes must be
+identical (outputs and operands after the call bit for bit, shapes, dtypes, DTensor placements, or the
+same exception). Each check is ``same`` or ``differs`` (``unstable`` when two unpatched runs differ).
+
 Samples come from rank 0 (broadcast: some ``sample_inputs`` iterate sets, whose order differs between
 processes). Random ops are skipped by name and by what they dispatch (ops tagged
 ``nondeterministic_seeded``). Each chunk of ops is one ``run_on_ranks`` call; a chunk that fails or
 hangs (``--chunk-timeout``) is rerun op by op (``--op-timeout``) so the one op is recorded as a crash.
 ``--json`` saves the records, ``--from-json`` rewrites the report from them without sweeping again.
 The functions are importable (``tests/test_op_sweep.py`` runs a CI subset with them): they live in the
-package ``tools/opsweep`` (sampling, values, classify, runner, report), re-exported here.
+package ``tools/opsweep`` (sampling, values, classify, differential, runner, report), re-exported here.
 """
 
 from __future__ import annotations
@@ -47,13 +54,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from opsweep.classify import CLASSES, attribution, classify_exception, summarize  # noqa: E402,F401
 from opsweep.common import DEFAULT_MAX_SAMPLES, describe_sample, describe_value  # noqa: E402,F401
+from opsweep.differential import DIFF_CLASSES, summarize_diffs  # noqa: E402
 from opsweep.report import now_utc, pct, write_report  # noqa: E402
 from opsweep.runner import run_sweep, sweep_ops  # noqa: E402,F401
 from opsweep.sampling import is_random_name, op_infos, opinfo_tolerance, select_ops  # noqa: E402,F401
 
-__all__ = ["CLASSES", "DEFAULT_MAX_SAMPLES", "attribution", "classify_exception", "describe_sample", "describe_value",
+__all__ = ["CLASSES", "DEFAULT_MAX_SAMPLES", "DIFF_CLASSES", "attribution", "classify_exception", "describe_sample", "describe_value",
            "is_random_name", "main", "op_infos", "opinfo_tolerance", "run_sweep", "select_ops", "summarize",
-           "sweep_ops", "write_report"]
+           "summarize_diffs", "sweep_ops", "write_report"]
+
+
+def _print_differential(records: Sequence[dict]) -> None:
+    d = summarize_diffs(records)
+    print(f"differential checks {d['checked']}: " + ", ".join(f"{c} {d['counts'][c]}" for c in DIFF_CLASSES))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -74,6 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         s = write_report(saved["records"], args.report, meta["command"], meta["random_ops"], meta["max_samples"],
                          meta["elapsed"], meta["date"], note=f"report written from the saved records on {now_utc()}")
         print(f"cases {s['cases']}: " + ", ".join(f"{c} {s['counts'][c]}" for c in CLASSES))
+        _print_differential(saved["records"])
         return 0
     # Unpatched runs must be unpatched: no auto-activation here or in the rank workers (they
     # inherit the environment); sweep_ops also unpatches a process it finds patched.
@@ -92,6 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({"meta": meta, "records": records}, handle, indent=0)
     s = write_report(records, args.report, command.strip(), random_ops, args.max_samples, elapsed, date)
     print(f"cases {s['cases']}: " + ", ".join(f"{c} {s['counts'][c]}" for c in CLASSES))
+    _print_differential(records)
     print(f"correct among DTensor-supported cases: {pct(s['supported_cases_correct'], s['supported_cases'])}; "
           f"report written to {args.report}")
     return 0

@@ -3,6 +3,7 @@
 * ``sampling``  - ops and samples from torch's OpInfo database, operands and placements to try;
 * ``values``    - calling a sample, reading and comparing results;
 * ``classify``  - correct / clear_error / wrong / crash, fault attribution, totals;
+* ``differential`` - calls torch accepts unpatched must be unchanged patched: same / differs;
 * ``runner``    - the phases inside each rank and the chunked run on 2 gloo ranks;
 * ``report``    - OP_SWEEP.md.
 

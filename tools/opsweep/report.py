@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .classify import CLASSES, alone_class, attribution, summarize
 from .common import MAX_POSITIONS, short
+from .differential import CONTEXTS, DIFF_CLASSES, summarize_diffs
 from .sampling import NOT_RANDOM
 
 
@@ -22,6 +23,61 @@ def pct(part: int, whole: int) -> str:
 
 def cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def differential_section(records: Sequence[Dict[str, Any]], command: str) -> List[str]:
+    """The report's section on the differential check: totals per context and every check not ``same``."""
+    d = summarize_diffs(records)
+    samples = {(r["op"], r["kind"], r["s"]): r for r in records if r["t"] == "sample"}
+    lines: List[str] = ["## Differential check: calls torch accepts unpatched are unchanged by the patch", ""]
+    add = lines.append
+    if not d["checked"]:
+        add("Not run: these records predate the differential check.")
+        add("")
+        return lines
+    add(f"Produced by the same run: `{command}`. For every swept sample and case, each call below that torch makes "
+        "without the patch was run unpatched and then patched (`keras_dtensor_mixfix.patched()`), from identical "
+        "inputs, on both ranks. `same` = identical outcome: every output and every operand after the call (in-place "
+        "writes) of the same kind, shape, dtype, DTensor placements and mesh, with bit-for-bit equal local values "
+        "(NaNs in the same places), or, where the unpatched call raised, the same exception type and message. "
+        "`differs` = anything else, on either rank. A `differs` is rerun unpatched once more: `unstable` = the two "
+        "unpatched runs differ too (not reproducible, so the patch is not judged).")
+    add("")
+    add("| context | calls | checked | unpatched raised | same | differs | unstable |")
+    add("|---|---|---|---|---|---|---|")
+    for ctx, what in CONTEXTS.items():
+        c = d["per_context"][ctx]
+        add(f"| `{ctx}` | {what} | {c['checked']} | {c['unpatched_raised']} | "
+            + " | ".join(str(c[k]) for k in DIFF_CLASSES) + " |")
+    add(f"| **all** | | {d['checked']} | {sum(c['unpatched_raised'] for c in d['per_context'].values())} | "
+        + " | ".join(f"**{d['counts'][k]}**" for k in DIFF_CLASSES) + " |")
+    add("")
+    add(f"- ops checked: {len(d['ops'])}; ops with a `differs`: {len({r['op'] for r in d['differs']})} "
+        f"({', '.join(f'`{op}`' for op in sorted({r['op'] for r in d['differs']})) or 'none'})")
+    add("- `all_replicate` / `all_dtensor` / `mixed_accepted`: calls torch accepts as they are; "
+        "`implicit_replication`: every mixed case again, under DTensor's own implicit replication of plain operands.")
+    add("")
+    returned = [r for r in d["differs"] if r["unpatched"] == "returned"]
+    raised = [r for r in d["differs"] if r["unpatched"] != "returned"]
+    header = ("| op | variant | sample | sample operands | context | DTensor operand [shape] | placement | unpatched | "
+              "what differs (unpatched vs patched) |")
+    for title, rows in ((f"Differs where torch returned a result (the patch changed it): {len(returned)}", returned),
+                        (f"Differs where torch raised (the patch replaced its exception): {len(raised)}", raised),
+                        (f"Unstable (two unpatched runs differ): {len(d['unstable'])}", d["unstable"])):
+        add(f"### {title}")
+        add("")
+        if not rows:
+            add("None.")
+            add("")
+            continue
+        add(header)
+        add("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            desc = samples.get((r["op"], r["kind"], r["s"]), {}).get("desc", "")
+            add(f"| `{r['op']}` | {r['kind']} | {r['s']} | `{cell(desc)}` | {r['ctx']} | {r['pos']} {r['shape']} | "
+                f"{r['placement']} | {cell(r['unpatched'])} | {cell(r['msg'])} |")
+        add("")
+    return lines
 
 
 def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, random_ops: Sequence[str],
@@ -53,6 +109,9 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     add("- \"DTensor supports\" a sample when the same call with every tensor operand a `Replicate` DTensor runs "
         "unpatched. For every case that is not correct, the same call was also run unpatched with the other operands "
         "made `Replicate` DTensors (\"DTensor alone\"): what the patch's promotion amounts to, without the patch.")
+    add("- differential check: every call torch makes without the patch (all operands DTensors, mixed calls torch "
+        "accepts, mixed calls under `implicit_replication()`) must give the same outcome patched, bit for bit; see "
+        "the section below the totals.")
     add("")
     add("## Totals")
     add("")
@@ -81,6 +140,7 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     add(f"- cases torch already accepted unpatched (no promotion needed): {s['no_promotion_cases']}, in "
         f"{len(s['no_promotion_needed'])} ops")
     add("")
+    lines.extend(differential_section(records, command))
 
     def case_row(r: Dict[str, Any]) -> str:
         desc = samples.get((r["op"], r["kind"], r["s"]), {}).get("desc", "")

@@ -8,12 +8,14 @@ import os
 import time
 import traceback
 import warnings
+from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .classify import classify_exception
 from .common import DEFAULT_MAX_SAMPLES, short
+from .differential import Check, capture, merge_ranks, new_record
 from .sampling import op_infos, opinfo_tolerance, pick_positions, pick_samples, placements_for, sample_dtype, seed_for
-from .values import SeededOpFinder, all_replicate, call, clone_leaves, compare, mark_leaf, to_full, value_digest
+from .values import SeededOpFinder, all_dtensor, all_replicate, call, clone_leaves, compare, mark_leaf, to_full, value_digest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))  # frames of the sweep itself are left out of crash locations
 
@@ -108,6 +110,7 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
 
     records: List[Dict[str, Any]] = []
     pending: List[Dict[str, Any]] = []   # cases to run patched (phase B)
+    checks: List[Check] = []             # differential checks: calls torch accepts unpatched (phase B too)
 
     # ---------------------------------------------------------------- phase A: no patch
     for name in op_names:
@@ -161,16 +164,27 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
                 records.append({"t": "sample", **base, "desc": desc, "status": "swept", "dtensor": support,
                                 "dtensor_msg": short(support_msg)})
                 swept += 1
+                checks.append(Check(new_record(base, "all_replicate", placement="R (all)"), fn, spec,
+                                    partial(all_replicate, leaves, device_mesh)))
                 for position in pick_positions(tensors):
                     for placement in placements_for(leaves[position]):
                         case = {"t": "case", **base, "pos": labels[position], "placement": str(placement),
                                 "shape": list(leaves[position].shape), "rtol": rtol, "atol": atol}
                         # did torch accept the mixed call without the patch?
-                        try:
-                            call(fn, mark_leaf(leaves, position, placement, device_mesh), spec)
-                            case["unpatched_ok"], case["unpatched"] = True, "ok"
-                        except Exception as exc:
-                            case["unpatched_ok"], case["unpatched"] = False, short(f"{type(exc).__name__}: {exc}", 120)
+                        mixed = partial(mark_leaf, leaves, position, placement, device_mesh)
+                        unpatched = capture(fn, mixed, spec)
+                        case["unpatched_ok"] = unpatched["returned"]
+                        case["unpatched"] = "ok" if unpatched["returned"] else \
+                            short(f"{unpatched['exc_name']}: {unpatched['exc_msg']}", 120)
+                        where = {"pos": case["pos"], "placement": case["placement"], "shape": case["shape"]}
+                        if unpatched["returned"]:
+                            checks.append(Check(new_record(base, "mixed_accepted", **where), fn, spec, mixed,
+                                                unpatched=unpatched))
+                        if case["placement"] != "R":  # with R it is the all-Replicate call above
+                            checks.append(Check(new_record(base, "all_dtensor", **where), fn, spec,
+                                                partial(all_dtensor, leaves, position, placement, device_mesh)))
+                        checks.append(Check(new_record(base, "implicit_replication", **where), fn, spec, mixed,
+                                            implicit=True))
                         pending.append({"case": case, "fn": fn, "leaves": leaves, "spec": spec, "index": position,
                                         "placement": placement, "ref_out": ref_out, "ref_leaves": ref_leaves})
         status = "swept" if swept else "skipped"
@@ -179,6 +193,8 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
         if not swept and picked:
             reason = "plain reference raised or was random for every usable sample"
         records.append({"t": "op", "op": name, "status": status, "reason": reason, "dtype": str(dtype)})
+    for check in checks:
+        check.run_unpatched()
 
     # ---------------------------------------------------------------- phase B: patched
     with mf.patched():
@@ -187,6 +203,8 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
             run_leaves = lambda item=item: mark_leaf(item["leaves"], item["index"], item["placement"], device_mesh)
             cls, msg = _run_case(item, run_leaves, device_mesh, "patched")
             case["cls"], case["msg"] = cls, msg
+        for check in checks:
+            check.run_patched()
     # ---------------------------------------------------------------- phase C: DTensor alone
     # For each case that is not correct: the same call with every other operand a Replicate
     # DTensor (what "replicate" promotion amounts to), unpatched. Tells torch's bugs and limits
@@ -194,14 +212,15 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
     for item in pending:
         case = item["case"]
         if case["cls"] != "correct":
-            def all_dtensor(item: Dict[str, Any] = item) -> List[Any]:
-                marked = mark_leaf(item["leaves"], item["index"], item["placement"], device_mesh)
-                replicated = all_replicate(item["leaves"], device_mesh)
-                return [m if i == item["index"] else r for i, (m, r) in enumerate(zip(marked, replicated))]
-            cls, msg = _run_case(item, all_dtensor, device_mesh, "alone")
+            alone = partial(all_dtensor, item["leaves"], item["index"], item["placement"], device_mesh)
+            cls, msg = _run_case(item, alone, device_mesh, "alone")
             case["dtensor_alone"] = short(f"{cls}: {msg}" if msg else cls, 160)
         del case["rtol"], case["atol"]
         records.append(case)
+    # A difference counts only if the call is reproducible unpatched: rerun those, unpatched.
+    for check in checks:
+        check.recheck()
+        records.append(check.record)
     return records
 
 
@@ -209,16 +228,21 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
 
 
 def _merge(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
-    """Rank 0's records; a case whose class differs on another rank becomes 'wrong'."""
+    """Rank 0's records; a case whose class differs on another rank becomes 'wrong', a differential
+    check that differs (or is unstable) on another rank does so here too."""
     main = per_rank[0]
     for other_rank, other in enumerate(per_rank[1:], start=1):
         if len(other) != len(main):
             for record in main:
                 if record["t"] == "case" and record["cls"] == "correct":
                     record["cls"], record["msg"] = "wrong", f"rank {other_rank} returned {len(other)} records, rank 0 {len(main)}"
+                elif record["t"] == "diff" and record["cls"] == "same":
+                    record["cls"], record["msg"] = "differs", f"rank {other_rank} returned {len(other)} records, rank 0 {len(main)}"
             continue
         for mine, theirs in zip(main, other):
-            if mine["t"] == "case" and theirs.get("cls") != mine["cls"]:
+            if mine["t"] == "diff":
+                merge_ranks(mine, theirs, other_rank)
+            elif mine["t"] == "case" and theirs.get("cls") != mine["cls"]:
                 mine["msg"] = short(f"ranks disagree: rank 0 {mine['cls']} ({mine['msg']}); rank {other_rank} "
                                      f"{theirs.get('cls')} ({theirs.get('msg')})")
                 mine["cls"] = "wrong"

@@ -125,3 +125,10 @@ def all_replicate(leaves: List[Any], device_mesh: Any) -> List[Any]:
 
     return [distribute_tensor(v.clone(), device_mesh, [Replicate()], src_data_rank=None)
             if isinstance(v, torch.Tensor) else v for v in leaves]
+
+
+def all_dtensor(leaves: List[Any], index: int, placement: Any, device_mesh: Any) -> List[Any]:
+    """Every tensor operand a DTensor: ``leaves[index]`` with ``placement``, the others ``Replicate``."""
+    marked = mark_leaf(leaves, index, placement, device_mesh)
+    replicated = all_replicate(leaves, device_mesh)
+    return [m if i == index else r for i, (m, r) in enumerate(zip(marked, replicated))]
