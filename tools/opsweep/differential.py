@@ -17,6 +17,11 @@ one-element plain tensors, custom-handled ops); and every mixed call under DTens
 ``differs``; a ``differs`` is rerun unpatched once more, and becomes ``unstable`` when the two unpatched
 runs differ from each other (the call is not reproducible, so the patch cannot be judged).
 
+A call whose unpatched run raises torch's own mixed-operand error ("got mixed torch.Tensor and
+DTensor", e.g. from a plain tensor that a composite op such as ``scaled_dot_product_attention`` makes
+inside) is one torch does not accept: the patch is meant to act there. Such a run is recorded as
+``not_accepted`` and is not a check.
+
 Everything here runs inside one rank and compares that rank's values only (no collective):
 ``runner._merge`` makes a check ``differs`` when it differs on any rank.
 """
@@ -30,6 +35,8 @@ from .common import short
 from .values import call
 
 DIFF_CLASSES = ("same", "differs", "unstable")
+NOT_ACCEPTED = "not_accepted"
+TORCH_MIXED_ERROR = "got mixed torch.Tensor and DTensor"
 
 CONTEXTS: Dict[str, str] = {
     "all_replicate": "every tensor operand a `Replicate` DTensor",
@@ -168,8 +175,12 @@ class Check:
         self.record["unpatched"] = outcome_label(self.unpatched)
 
     def run_patched(self) -> None:
-        """Phase B (patched): same or differs."""
-        problem = outcome_difference(self.unpatched, self.run())
+        """Phase B (patched): same or differs (not_accepted: torch raised its mixed-operand error)."""
+        patched = self.run()
+        if not self.unpatched["returned"] and TORCH_MIXED_ERROR in self.unpatched["exc_msg"]:
+            self.record["cls"], self.record["msg"] = NOT_ACCEPTED, f"torch's mixed-operand error; patched {outcome_label(patched)}"
+            return
+        problem = outcome_difference(self.unpatched, patched)
         self.record["cls"], self.record["msg"] = ("differs", problem) if problem else ("same", "")
 
     def recheck(self) -> None:
@@ -195,14 +206,18 @@ def merge_ranks(mine: Dict[str, Any], theirs: Dict[str, Any], rank: int) -> None
 
 
 def summarize_diffs(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """Totals of the differential check, overall and per context."""
-    checks = [r for r in records if r["t"] == "diff"]
+    """Totals of the differential check, overall and per context (runs torch did not accept left out)."""
+    runs = [r for r in records if r["t"] == "diff"]
+    checks = [r for r in runs if r["cls"] != NOT_ACCEPTED]
     per_context = {ctx: {c: sum(r["cls"] == c for r in checks if r["ctx"] == ctx) for c in DIFF_CLASSES}
                    for ctx in CONTEXTS}
     for ctx, counts in per_context.items():
         counts["checked"] = sum(r["ctx"] == ctx for r in checks)
         counts["unpatched_raised"] = sum(r["ctx"] == ctx and r["unpatched"] != "returned" for r in checks)
+        counts[NOT_ACCEPTED] = sum(r["ctx"] == ctx and r["cls"] == NOT_ACCEPTED for r in runs)
     return {
+        "runs": len(runs),
+        NOT_ACCEPTED: [r for r in runs if r["cls"] == NOT_ACCEPTED],
         "checked": len(checks),
         "counts": {c: sum(r["cls"] == c for r in checks) for c in DIFF_CLASSES},
         "per_context": per_context,

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .classify import CLASSES, alone_class, attribution, summarize
 from .common import MAX_POSITIONS, short
-from .differential import CONTEXTS, DIFF_CLASSES, summarize_diffs
+from .differential import CONTEXTS, DIFF_CLASSES, NOT_ACCEPTED, summarize_diffs
 from .sampling import NOT_RANDOM
 
 
@@ -25,13 +25,20 @@ def cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _count(items: Any) -> Dict[str, int]:
+    found: Dict[str, int] = {}
+    for item in items:
+        found[item] = found.get(item, 0) + 1
+    return found
+
+
 def differential_section(records: Sequence[Dict[str, Any]], command: str) -> List[str]:
     """The report's section on the differential check: totals per context and every check not ``same``."""
     d = summarize_diffs(records)
     samples = {(r["op"], r["kind"], r["s"]): r for r in records if r["t"] == "sample"}
     lines: List[str] = ["## Differential check: calls torch accepts unpatched are unchanged by the patch", ""]
     add = lines.append
-    if not d["checked"]:
+    if not d["runs"]:
         add("Not run: these records predate the differential check.")
         add("")
         return lines
@@ -41,22 +48,41 @@ def differential_section(records: Sequence[Dict[str, Any]], command: str) -> Lis
         "writes) of the same kind, shape, dtype, DTensor placements and mesh, with bit-for-bit equal local values "
         "(NaNs in the same places), or, where the unpatched call raised, the same exception type and message. "
         "`differs` = anything else, on either rank. A `differs` is rerun unpatched once more: `unstable` = the two "
-        "unpatched runs differ too (not reproducible, so the patch is not judged).")
+        "unpatched runs differ too (not reproducible, so the patch is not judged). A run whose unpatched call "
+        "raised torch's own mixed-operand error (\"got mixed torch.Tensor and DTensor\", from a plain tensor a "
+        "composite op makes inside) is a call torch does not accept, where the patch is meant to act: it is counted "
+        "as *not accepted* and is no check.")
     add("")
-    add("| context | calls | checked | unpatched raised | same | differs | unstable |")
-    add("|---|---|---|---|---|---|---|")
+    add("| context | calls | runs | not accepted | checked | unpatched raised | same | differs | unstable |")
+    add("|---|---|---|---|---|---|---|---|---|")
     for ctx, what in CONTEXTS.items():
         c = d["per_context"][ctx]
-        add(f"| `{ctx}` | {what} | {c['checked']} | {c['unpatched_raised']} | "
-            + " | ".join(str(c[k]) for k in DIFF_CLASSES) + " |")
-    add(f"| **all** | | {d['checked']} | {sum(c['unpatched_raised'] for c in d['per_context'].values())} | "
+        add(f"| `{ctx}` | {what} | {c['checked'] + c[NOT_ACCEPTED]} | {c[NOT_ACCEPTED]} | {c['checked']} | "
+            f"{c['unpatched_raised']} | " + " | ".join(str(c[k]) for k in DIFF_CLASSES) + " |")
+    add(f"| **all** | | {d['runs']} | {len(d[NOT_ACCEPTED])} | **{d['checked']}** | "
+        f"{sum(c['unpatched_raised'] for c in d['per_context'].values())} | "
         + " | ".join(f"**{d['counts'][k]}**" for k in DIFF_CLASSES) + " |")
     add("")
     add(f"- ops checked: {len(d['ops'])}; ops with a `differs`: {len({r['op'] for r in d['differs']})} "
         f"({', '.join(f'`{op}`' for op in sorted({r['op'] for r in d['differs']})) or 'none'})")
     add("- `all_replicate` / `all_dtensor` / `mixed_accepted`: calls torch accepts as they are; "
         "`implicit_replication`: every mixed case again, under DTensor's own implicit replication of plain operands.")
+    if d[NOT_ACCEPTED]:
+        add("- not accepted (torch's mixed-operand error unpatched): "
+            + ", ".join(f"`{op}` {n}" for op, n in sorted(_count(r["op"] for r in d[NOT_ACCEPTED]).items())))
     add("")
+    if d["differs"]:
+        add("### Differs by op")
+        add("")
+        add("| op | context | differs where torch returned | differs where torch raised | first difference |")
+        add("|---|---|---|---|---|")
+        groups: Dict[Any, List[Dict[str, Any]]] = {}
+        for r in d["differs"]:
+            groups.setdefault((r["op"], r["ctx"]), []).append(r)
+        for (op, ctx), rows in sorted(groups.items()):
+            back = sum(r["unpatched"] == "returned" for r in rows)
+            add(f"| `{op}` | {ctx} | {back} | {len(rows) - back} | {cell(short(rows[0]['msg'], 160))} |")
+        add("")
     returned = [r for r in d["differs"] if r["unpatched"] == "returned"]
     raised = [r for r in d["differs"] if r["unpatched"] != "returned"]
     header = ("| op | variant | sample | sample operands | context | DTensor operand [shape] | placement | unpatched | "
@@ -75,7 +101,7 @@ def differential_section(records: Sequence[Dict[str, Any]], command: str) -> Lis
         for r in rows:
             desc = samples.get((r["op"], r["kind"], r["s"]), {}).get("desc", "")
             add(f"| `{r['op']}` | {r['kind']} | {r['s']} | `{cell(desc)}` | {r['ctx']} | {r['pos']} {r['shape']} | "
-                f"{r['placement']} | {cell(r['unpatched'])} | {cell(r['msg'])} |")
+                f"{r['placement']} | {cell(r['unpatched'])} | {cell(short(r['msg']))} |")
         add("")
     return lines
 
