@@ -3,8 +3,15 @@
 For each op, up to 3 OpInfo samples with two or more tensor operands; each tensor operand in turn is
 made the one DTensor (``Replicate()`` and ``Shard(d)``) on 2 gloo ranks, the rest stay plain, and
 ``op.op`` / ``op.inplace_variant`` run under ``keras_dtensor_mixfix.patched()``. Every case must
-be correct or a clear error: no wrong values and no unclear exception. The whole subset runs in
-one ``run_on_ranks`` call. ``python tools/op_sweep.py`` sweeps every OpInfo and writes OP_SWEEP.md.
+be correct or a clear error: no wrong values and no unclear exception.
+
+Differential check on the same samples: every call torch makes without the patch (every operand a
+DTensor, ``Replicate`` and with the case's ``Shard``; mixed calls torch accepts itself; mixed calls
+under ``implicit_replication()``) must give the same outcome patched, bit for bit, placements and
+in-place writes included, or the same exception.
+
+The whole subset runs in one ``run_on_ranks`` call. ``python tools/op_sweep.py`` sweeps every
+OpInfo and writes OP_SWEEP.md.
 """
 
 from __future__ import annotations
@@ -64,7 +71,8 @@ def sweep() -> Dict[str, Any]:
     records = op_sweep.run_sweep(names, MAX_SAMPLES, chunk_size=len(names), log=lambda message: None)
     cases = [r for r in records if r["t"] == "case"]
     samples = {(r["op"], r["kind"], r["s"]): r for r in records if r["t"] == "sample"}
-    return {"records": records, "cases": cases, "samples": samples}
+    diffs = [r for r in records if r["t"] == "diff"]
+    return {"records": records, "cases": cases, "samples": samples, "diffs": diffs}
 
 
 @pytest.mark.parametrize("op", SUBSET)
@@ -94,3 +102,43 @@ def test_fixed_inplace_write_into_plain_scalar(sweep: Dict[str, Any], case: Tupl
     found = [r for r in sweep["cases"] if _key(r) == case]
     assert found, f"case {case} was not swept (OpInfo samples changed?): update REGRESSIONS"
     assert found[0]["cls"] == "correct", _describe(found[0], sweep["samples"])
+
+
+# Contexts where torch runs the call as it is: the patch must not act at all.
+ACCEPTED_CONTEXTS = ("all_replicate", "all_dtensor", "mixed_accepted")
+
+
+def _describe_diff(record: Dict[str, Any], samples: Dict[Any, Dict[str, Any]]) -> str:
+    sample = samples.get((record["op"], record["kind"], record["s"]), {})
+    return (f"{record['op']} [{record['kind']}] sample {record['s']} ({sample.get('desc', '?')}), {record['ctx']}: "
+            f"operand {record['pos']} {record['shape']} as {record['placement']}, unpatched {record['unpatched']} -> "
+            f"{record['cls']}: {record['msg']}")
+
+
+@pytest.mark.parametrize("op", SUBSET)
+def test_calls_torch_accepts_are_unchanged_by_the_patch(sweep: Dict[str, Any], op: str) -> None:
+    """All-DTensor calls and the mixed calls torch accepts itself: same outcome patched, bit for bit."""
+    checks = [r for r in sweep["diffs"] if r["op"] == op and r["ctx"] in ACCEPTED_CONTEXTS]
+    assert any(r["ctx"] == "all_replicate" for r in checks), f"{op}: no all-DTensor call was checked"
+    differs = [r for r in checks if r["cls"] == "differs"]
+    assert not differs, f"{op}: {len(differs)} of {len(checks)} accepted call(s) differ patched:\n" + "\n".join(
+        _describe_diff(r, sweep["samples"]) for r in differs)
+
+
+@pytest.mark.parametrize("op", SUBSET)
+def test_implicit_replication_results_are_unchanged_by_the_patch(sweep: Dict[str, Any], op: str) -> None:
+    """Under implicit_replication() torch computes mixed calls itself: the patch must not change a result."""
+    checks = [r for r in sweep["diffs"] if r["op"] == op and r["ctx"] == "implicit_replication"]
+    differs = [r for r in checks if r["cls"] == "differs" and r["unpatched"] == "returned"]
+    assert not differs, f"{op}: {len(differs)} of {len(checks)} call(s) differ patched:\n" + "\n".join(
+        _describe_diff(r, sweep["samples"]) for r in differs)
+
+
+@pytest.mark.xfail(reason="the patch still acts under implicit_replication() where torch raises (in-place writes into "
+                          "plain tensors, convolution); being fixed in the package", strict=False)
+def test_implicit_replication_errors_are_unchanged_by_the_patch(sweep: Dict[str, Any]) -> None:
+    """Where torch raises under implicit_replication(), the patch must not act either: the same exception."""
+    differs = [r for r in sweep["diffs"] if r["ctx"] == "implicit_replication" and r["cls"] == "differs"
+               and r["unpatched"] != "returned"]
+    assert not differs, f"{len(differs)} call(s) differ patched:\n" + "\n".join(
+        _describe_diff(r, sweep["samples"]) for r in differs)
