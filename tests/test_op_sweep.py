@@ -134,8 +134,6 @@ def test_implicit_replication_results_are_unchanged_by_the_patch(sweep: Dict[str
         _describe_diff(r, sweep["samples"]) for r in differs)
 
 
-@pytest.mark.xfail(reason="the patch still acts under implicit_replication() where torch raises (in-place writes into "
-                          "plain tensors, convolution); being fixed in the package", strict=False)
 def test_implicit_replication_errors_are_unchanged_by_the_patch(sweep: Dict[str, Any]) -> None:
     """Where torch raises under implicit_replication(), the patch must not act either: the same exception."""
     differs = [r for r in sweep["diffs"] if r["ctx"] == "implicit_replication" and r["cls"] == "differs"
