@@ -225,25 +225,40 @@ def run_once(program: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str,
 
 
 def differential(program: Callable[..., Any], *args: Any, runs: Sequence[Tuple[str, bool, bool]] = RUNS,
-                 **kwargs: Any) -> Dict[str, Any]:
+                 torch_may_refuse: bool = False, **kwargs: Any) -> Dict[str, Any]:
     """Rank function: run ``program`` once per entry of ``runs`` and compare each with the first.
 
-    Returns ``{"diffs": [...], "comm_counts": reference counts, "reference": reference record}``. A run
-    that raises (after the reference) is a difference, reported in ``diffs``.
+    Returns ``{"diffs": [...], "comm_counts": reference counts, "reference": reference record,
+    "refused": the reference run's error or None}``. A run that raises (after the reference) is a
+    difference, reported in ``diffs``. If the reference (unpatched) run raises: with
+    ``torch_may_refuse`` (a program some torch releases cannot run, e.g. an optimizer whose fused
+    kernel has no DTensor strategy) every other run must raise the same error; otherwise it is raised.
     """
     diffs: List[str] = []
+    refused = None
     with restored_patch_state():
         results = []
         for label, patched, count_comms in runs:
             try:
                 results.append((label, count_comms) + run_once(program, args, kwargs, patched, count_comms, label))
             except Exception as exc:
-                if not results:
-                    raise  # the reference itself failed: the program is not part of the corpus
                 # Reported, not raised: the programs are deterministic, so every rank fails at the same
                 # op, and the workers stay in step and need no restart.
-                first_line = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                diffs.append(f"{label} run raised {first_line[:600]}")
+                first_line = f"{type(exc).__name__}: {exc}".splitlines()[0][:600]
+                if not results and refused is None:
+                    if not torch_may_refuse:
+                        raise  # the reference itself failed: the program is not part of the corpus
+                    refused = first_line
+                elif refused is not None:
+                    if first_line != refused:
+                        diffs.append(f"{label} run raised {first_line} where unpatched torch raised {refused}")
+                else:
+                    diffs.append(f"{label} run raised {first_line}")
+            else:
+                if refused is not None:
+                    diffs.append(f"{label} run returned where unpatched torch raised {refused}")
+    if refused is not None:
+        return {"diffs": diffs, "comm_counts": None, "reference": None, "refused": refused}
     (ref_label, ref_counted, reference, ref_counts) = results[0]
     for label, counted, rec, counts in results[1:]:
         diffs += compare(reference, rec, f"{label} vs {ref_label}")
@@ -253,7 +268,8 @@ def differential(program: Callable[..., Any], *args: Any, runs: Sequence[Tuple[s
                              f"{ref_counts['collectives']}")
             diffs += _compare_sequences(ref_counts["dtensor ops"], counts["dtensor ops"],
                                         f"{label} vs {ref_label}: DTensor ops seen by CommDebugMode")
-    return {"diffs": diffs, "comm_counts": ref_counts and ref_counts["collectives"], "reference": reference}
+    return {"diffs": diffs, "comm_counts": ref_counts and ref_counts["collectives"], "reference": reference,
+            "refused": None}
 
 
 def _compare_sequences(reference: List[str], other: List[str], label: str) -> List[str]:
