@@ -319,3 +319,25 @@ def test_import_does_not_import_torch_distributed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_op_defined_after_another_was_destroyed_is_hooked():
+    # The candidate-op cache was keyed by the number of op names, which repeats when one custom op
+    # is destroyed and another defined: patch() then silently skipped the new op.
+    def define(name):
+        lib = torch.library.Library("mixfix_unit", "FRAGMENT")
+        lib.define(f"{name}(Tensor a, Tensor b) -> Tensor")
+        return lib
+
+    first = define("first_op")
+    mf.patch()
+    assert mf._lifecycle.patching.interceptor().owns("mixfix_unit::first_op") is True
+    mf.unpatch()
+    first._destroy()
+    second = define("second_op")
+    try:
+        mf.patch()
+        assert mf._lifecycle.patching.interceptor().owns("mixfix_unit::second_op") is True
+    finally:
+        mf.unpatch()
+        second._destroy()

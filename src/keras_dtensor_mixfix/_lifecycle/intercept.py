@@ -42,15 +42,16 @@ MECHANISM_DESCRIPTION = (
 
 Handler = Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]
 
-_op_names_cache: Dict[int, List[str]] = {}
+# (the dispatcher's op names, the candidates among them): keyed by the names themselves, not their
+# count, which repeats when one custom op is destroyed and another defined.
+_op_names_cache: List[Any] = [None, []]
 
 
 def candidate_qualnames() -> List[str]:
     """Qualified names (``aten::mul.Tensor``, ``aten::mm``) of every op taking two or more tensors."""
-    names = all_op_qualnames()
-    cached = _op_names_cache.get(len(names))
-    if cached is not None:
-        return cached
+    names = frozenset(all_op_qualnames())
+    if _op_names_cache[0] == names:
+        return _op_names_cache[1]
     found = []
     for qualname in names:
         name, _, overload = qualname.partition(".")
@@ -64,8 +65,7 @@ def candidate_qualnames() -> List[str]:
             first = arguments[0] if arguments else None
             if first is not None and not first.kwarg_only and first.alias_info is not None and first.alias_info.is_write:
                 _writing_ops.add(qualname)
-    _op_names_cache.clear()
-    _op_names_cache[len(names)] = found
+    _op_names_cache[:] = [names, found]
     return found
 
 
