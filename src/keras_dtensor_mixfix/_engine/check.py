@@ -16,19 +16,13 @@ from typing import Any, List, Sequence, Tuple
 
 import torch
 
-from .._rules.errors import MixedOperandError, describe_mesh, describe_tensor
+from .._rules.errors import ReplicationCheckError, ReplicationCheckWarning, describe_mesh, describe_tensor
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 CHECK_MODES = ("off", "warn", "raise")
 
-
-class ReplicationCheckError(MixedOperandError):
-    """A promoted operand broke its rule's assumption on some ranks (check mode ``"raise"``)."""
-
-
-class ReplicationCheckWarning(UserWarning):
-    """A promoted operand broke its rule's assumption on some ranks (check mode ``"warn"``)."""
+__all__ = ["CHECK_MODES", "ReplicationCheckError", "ReplicationCheckWarning", "check_local", "check_replicated"]
 
 
 def _digest(tensor: torch.Tensor) -> str:

@@ -17,6 +17,17 @@ class MixedOperandError(RuntimeError):
     """
 
 
+class ReplicationCheckError(MixedOperandError):
+    """A promoted operand broke its rule's assumption on some ranks (``patch(check="raise")``).
+
+    For example a ``"replicate"`` operand that differs between ranks (each rank's own batch).
+    """
+
+
+class ReplicationCheckWarning(UserWarning):
+    """A promoted operand broke its rule's assumption on some ranks (``patch(check="warn")``)."""
+
+
 def describe_tensor(tensor: "torch.Tensor") -> str:
     from torch.distributed.tensor import DTensor
 
