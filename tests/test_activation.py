@@ -195,12 +195,28 @@ def test_malformed_environment_warns_falls_back_and_never_breaks_import_torch(en
         """
         import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
         print("patched", mf.is_patched(), "default", mf.current_options().default)
+        mf.unpatch(); mf.patch(); mf.current_options()  # every one of these reads the environment again
         """,
         env,
     )
     out = _ok(result)
     assert "patched True default replicate" in out
-    assert warning in result.stderr
+    assert result.stderr.count(warning) == 1, result.stderr  # once per process, however often it is read
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_a_malformed_value_warns_once_per_variable_and_value(caplog):
+    from keras_dtensor_mixfix._rules import env
+
+    caplog.set_level("WARNING", logger="keras_dtensor_mixfix")
+    for _ in range(3):
+        env.options_from_env({"KERAS_DTENSOR_MIXFIX_CHECK": "loud-once"})
+        env.auto_activation_enabled({"KERAS_DTENSOR_MIXFIX": "perhaps-once"})
+    env.options_from_env({"KERAS_DTENSOR_MIXFIX_CHECK": "louder-once"})  # another value is another mistake
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("KERAS_DTENSOR_MIXFIX_CHECK='loud-once'" in m for m in messages) == 1, messages
+    assert sum("KERAS_DTENSOR_MIXFIX='perhaps-once'" in m and "auto-activation stays on" in m for m in messages) == 1
+    assert sum("KERAS_DTENSOR_MIXFIX_CHECK='louder-once'" in m for m in messages) == 1
 
 
 def test_a_failing_patch_never_breaks_the_import():
