@@ -61,8 +61,10 @@ def _report(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, wha
                "tensor identical on every rank.")
     if mode == "raise":
         raise ReplicationCheckError(message)
+    # One channel only: with no logging configured a log.warning is printed to stderr as well, so
+    # every mismatch appeared twice. logging.captureWarnings(True) routes the warning to logging.
     warnings.warn(message, ReplicationCheckWarning, stacklevel=4)
-    log.warning(message)
+    log.debug(message)
 
 
 def check_replicated(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any) -> None:
