@@ -333,10 +333,24 @@ def test_doctor_shows_the_live_patch():
     assert "live: yes" in out and "ops hooked" in out and "state: patched when torch.distributed.tensor was imported" in out
 
 
-def test_demo_shows_the_error_then_the_reference_result():
+def test_demo_shows_the_error_then_the_reference_result(tmp_path):
+    # Isolated from the user's configuration: an installed pack that reads aten::mm's operand as
+    # "local" and a default rule of "error" would both make the demo's computation fail.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mm_local_pack.py").write_text(
+        "from keras_dtensor_mixfix import hookimpl\n\n"
+        "@hookimpl\ndef register_rules(register):\n    register('aten::mm', 'local')\n"
+    )
+    (site / "mm_local_pack-1.0.dist-info").mkdir()
+    (site / "mm_local_pack-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mm-local-pack\nVersion: 1.0\n")
+    (site / "mm_local_pack-1.0.dist-info" / "entry_points.txt").write_text("[keras_dtensor_mixfix]\nmm_local = mm_local_pack\n")
+    env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               KERAS_DTENSOR_MIXFIX_DEFAULT="error")
     result = subprocess.run([sys.executable, "-m", "keras_dtensor_mixfix", "demo"], capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "installed rule packs and KERAS_DTENSOR_MIXFIX_* settings are not used" in result.stdout
     assert "got mixed torch.Tensor and DTensor" in result.stdout
     assert result.stdout.count("-> OK") == 2
     assert "aten::mm.default -> replicate" in result.stdout

@@ -139,14 +139,44 @@ def demo_rank() -> Dict[str, Any]:
     return result
 
 
-def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
-    from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers
+# The demo shows the package as shipped: its worker processes see none of the user's configuration.
+# Third-party rule packs are not loaded (a pack that reads aten::mm's operand as "local" would make
+# the demo's replicated batch fail), KERAS_DTENSOR_MIXFIX_* options are unset (the demo's patched()
+# block uses the defaults) and auto-activation is off (the demo patches itself).
+DEMO_ENVIRONMENT = {"KERAS_DTENSOR_MIXFIX": "0", "KERAS_DTENSOR_MIXFIX_DISABLE_PACKS": "*"}
 
-    _write(out, f"starting {world_size} CPU processes (gloo on 127.0.0.1)...")
+
+def _demo_environment() -> Dict[str, Optional[str]]:
+    """The environment changes that isolate the demo's workers: name -> value (None: unset)."""
+    changes: Dict[str, Optional[str]] = {name: None for name in os.environ if name.startswith("KERAS_DTENSOR_MIXFIX")}
+    changes.update(DEMO_ENVIRONMENT)
+    return changes
+
+
+def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
+    from keras_dtensor_mixfix.testing import _Pool
+
+    _write(out, f"starting {world_size} CPU processes (gloo on 127.0.0.1; built-in rules only: installed rule packs "
+                "and KERAS_DTENSOR_MIXFIX_* settings are not used)...")
+    changes = _demo_environment()
+    saved = {name: os.environ.get(name) for name in changes}
+    for name, value in changes.items():  # the workers inherit the environment they are started with
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
-        results = run_on_ranks(demo_rank, world_size=world_size)
+        pool = _Pool(world_size, start_timeout=120.0)  # its own workers, never ones run_on_ranks may have started
     finally:
-        shutdown_workers()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        results = pool.run(demo_rank, (), {}, timeout=300.0)
+    finally:
+        pool.close()
     first = results[0]
     _write(out, "\nwithout keras_dtensor_mixfix:")
     _write(out, f"  F.linear(plain_batch, sharded_weight) -> RuntimeError: {first['unpatched']}")
