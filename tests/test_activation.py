@@ -326,6 +326,20 @@ def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules():
         assert needle in out, (needle, out)
 
 
+def test_help_answers_without_importing_torch_under_both_names():
+    import sysconfig
+
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "keras_dtensor_mixfix", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "{doctor,demo}" in result.stdout, result.stdout + result.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert "keras_dtensor_mixfix._cli" in imported
+    assert not [name for name in imported if name.split(".")[0] in ("torch", "keras", "numpy")], imported
+    script = os.path.join(sysconfig.get_path("scripts"), "keras-dtensor-mixfix")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: keras-dtensor-mixfix "), result.stdout
+
+
 def test_doctor_shows_the_live_patch():
     out = _ok(_python(
         "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
