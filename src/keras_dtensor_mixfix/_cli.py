@@ -84,11 +84,13 @@ def doctor(out: TextIO = sys.stdout) -> int:
         _write(out, f"  {record.name} [{record.status}] from {record.origin}{extra}")
 
     _write(out, "\nrules (newest last; the newest for an op wins)")
+    registry.resolve_pending()
     entries = registry.entries()
     if not entries:
         _write(out, "  none")
     for entry in entries:
-        _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}")
+        pending = "  (pending: no such op is defined yet; applies once one is)" if entry.pending else ""
+        _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}{pending}")
     return 0
 
 
