@@ -10,22 +10,22 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import keras
+import numpy as np
+import torch.distributed as dist
 
 keras.distribution.initialize()  # process group from torchrun's environment; every rank agrees on a seed
 keras.utils.set_random_seed(0)  # the same on every rank, and the same run after run
-devices = keras.distribution.list_devices()
+devices = keras.distribution.list_devices()  # "cpu:0", "cpu:1": one device per process
 mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
 
-layout_map = keras.distribution.LayoutMap(mesh)
+layout_map = keras.distribution.LayoutMap(mesh)  # keys are full-path regexes (re.fullmatch)
 layout_map[".*hidden/kernel"] = (None, "model")  # column-wise
 layout_map[".*hidden/bias"] = ("model",)
 layout_map[".*head/kernel"] = ("model", None)  # row-wise
 keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))
 
-model = keras.Sequential([
+model = keras.Sequential([  # unchanged model code
     keras.Input((16,)),
     keras.layers.Dense(64, activation="relu", name="hidden"),
     keras.layers.Dense(3, name="head"),

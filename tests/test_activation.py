@@ -195,12 +195,28 @@ def test_malformed_environment_warns_falls_back_and_never_breaks_import_torch(en
         """
         import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
         print("patched", mf.is_patched(), "default", mf.current_options().default)
+        mf.unpatch(); mf.patch(); mf.current_options()  # every one of these reads the environment again
         """,
         env,
     )
     out = _ok(result)
     assert "patched True default replicate" in out
-    assert warning in result.stderr
+    assert result.stderr.count(warning) == 1, result.stderr  # once per process, however often it is read
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_a_malformed_value_warns_once_per_variable_and_value(caplog):
+    from keras_dtensor_mixfix._rules import env
+
+    caplog.set_level("WARNING", logger="keras_dtensor_mixfix")
+    for _ in range(3):
+        env.options_from_env({"KERAS_DTENSOR_MIXFIX_CHECK": "loud-once"})
+        env.auto_activation_enabled({"KERAS_DTENSOR_MIXFIX": "perhaps-once"})
+    env.options_from_env({"KERAS_DTENSOR_MIXFIX_CHECK": "louder-once"})  # another value is another mistake
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("KERAS_DTENSOR_MIXFIX_CHECK='loud-once'" in m for m in messages) == 1, messages
+    assert sum("KERAS_DTENSOR_MIXFIX='perhaps-once'" in m and "auto-activation stays on" in m for m in messages) == 1
+    assert sum("KERAS_DTENSOR_MIXFIX_CHECK='louder-once'" in m for m in messages) == 1
 
 
 def test_a_failing_patch_never_breaks_the_import():
@@ -310,6 +326,20 @@ def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules():
         assert needle in out, (needle, out)
 
 
+def test_help_answers_without_importing_torch_under_both_names():
+    import sysconfig
+
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "keras_dtensor_mixfix", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "{doctor,demo}" in result.stdout, result.stdout + result.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert "keras_dtensor_mixfix._cli" in imported
+    assert not [name for name in imported if name.split(".")[0] in ("torch", "keras", "numpy")], imported
+    script = os.path.join(sysconfig.get_path("scripts"), "keras-dtensor-mixfix")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: keras-dtensor-mixfix "), result.stdout
+
+
 def test_doctor_shows_the_live_patch():
     out = _ok(_python(
         "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
@@ -317,10 +347,24 @@ def test_doctor_shows_the_live_patch():
     assert "live: yes" in out and "ops hooked" in out and "state: patched when torch.distributed.tensor was imported" in out
 
 
-def test_demo_shows_the_error_then_the_reference_result():
+def test_demo_shows_the_error_then_the_reference_result(tmp_path):
+    # Isolated from the user's configuration: an installed pack that reads aten::mm's operand as
+    # "local" and a default rule of "error" would both make the demo's computation fail.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mm_local_pack.py").write_text(
+        "from keras_dtensor_mixfix import hookimpl\n\n"
+        "@hookimpl\ndef register_rules(register):\n    register('aten::mm', 'local')\n"
+    )
+    (site / "mm_local_pack-1.0.dist-info").mkdir()
+    (site / "mm_local_pack-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mm-local-pack\nVersion: 1.0\n")
+    (site / "mm_local_pack-1.0.dist-info" / "entry_points.txt").write_text("[keras_dtensor_mixfix]\nmm_local = mm_local_pack\n")
+    env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               KERAS_DTENSOR_MIXFIX_DEFAULT="error")
     result = subprocess.run([sys.executable, "-m", "keras_dtensor_mixfix", "demo"], capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "installed rule packs and KERAS_DTENSOR_MIXFIX_* settings are not used" in result.stdout
     assert "got mixed torch.Tensor and DTensor" in result.stdout
     assert result.stdout.count("-> OK") == 2
     assert "aten::mm.default -> replicate" in result.stdout

@@ -62,6 +62,33 @@ def test_check_mode_catches_a_plain_operand_that_differs_between_ranks(world_siz
     assert len(warned) == 1 and "differs between ranks" in warned[0]
 
 
+def warn_mode_output(world_size):
+    import contextlib
+    import io
+    import warnings
+
+    import torch.distributed as dist
+
+    import keras_dtensor_mixfix as mf
+
+    m = mesh_for(world_size)
+    weight = shard(torch.ones(8, 4), m, placements_for(m, 0))
+    own = torch.full((8, 4), float(dist.get_rank()))  # differs between ranks
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed), warnings.catch_warnings():
+        warnings.simplefilter("default")  # as in a plain `python script.py`
+        with mf.patched(check="warn"):
+            weight * own
+    return printed.getvalue()
+
+
+def test_check_mode_warn_prints_each_mismatch_once_per_rank():
+    printed = run_on_ranks(warn_mode_output, 2, world_size=2)
+    for text in printed:
+        assert text.count("keras_dtensor_mixfix check: aten::mul.Tensor") == 1, text
+        assert "ReplicationCheckWarning" in text
+
+
 def local_shapes_are_checked(world_size):
     import torch.distributed as dist
     from torch.distributed.tensor import Shard

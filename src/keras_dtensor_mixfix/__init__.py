@@ -11,8 +11,8 @@ the package adds almost nothing to ``import torch``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -22,6 +22,9 @@ _EXPORTS = {
     "Operand": "._rules.decisions",
     "Rule": "._rules.decisions",
     "MixedOperandError": "._rules.errors",
+    "ReplicationCheckError": "._rules.errors",
+    "ReplicationCheckWarning": "._rules.errors",
+    "RankError": ".testing",
     "Options": "._rules.options",
     "current_options": "._lifecycle.patching",
     "is_patched": "._lifecycle.patching",
@@ -36,25 +39,34 @@ _EXPORTS = {
     "UnsupportedTorchError": "._torch.versions",
 }
 
+# Public submodules, reachable as attributes (``keras_dtensor_mixfix.testing.run_on_ranks``) without
+# an import of their own; imported on first access.
+_SUBMODULES = ("hookspecs", "keras_integration", "testing")
+
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module_name = _EXPORTS.get(name)
     if module_name is None:
+        if name in _SUBMODULES:
+            return _importlib.import_module(f"{__name__}.{name}")  # the import binds it here too
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name, __name__), name)
+    value = getattr(_importlib.import_module(module_name, __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list:
-    return sorted(set(globals()) | set(_EXPORTS))
+    # The public names and the module's dunders; not the helpers this file itself uses.
+    return sorted({name for name in globals() if name.startswith("__")} | set(__all__) | set(_SUBMODULES))
 
 
-if TYPE_CHECKING:  # what static type checkers and IDEs see
+if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
+    from . import hookspecs, keras_integration, testing
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
-    from ._rules.errors import MixedOperandError
+    from ._rules.errors import MixedOperandError, ReplicationCheckError, ReplicationCheckWarning
+    from .testing import RankError
     from ._rules.options import Options
     from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch
     from ._rules.registry import RuleHandle, register_rule

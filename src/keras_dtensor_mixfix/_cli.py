@@ -1,4 +1,8 @@
-"""``python -m keras_dtensor_mixfix doctor|demo``."""
+"""``python -m keras_dtensor_mixfix doctor|demo`` (also installed as the ``keras-dtensor-mixfix`` command).
+
+torch is imported by the commands, not by this module: ``--help`` and a mistyped command answer
+at once instead of after torch's import (about 2 s).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, TextIO
 
-import torch
+SCRIPT = "keras-dtensor-mixfix"
 
 
 def _write(out: TextIO, text: str = "") -> None:
@@ -25,11 +29,17 @@ def _describe_rule(rule: Any) -> str:
 
 
 def doctor(out: TextIO = sys.stdout) -> int:
+    import torch
+
     import keras_dtensor_mixfix as mf
 
     from . import _autoload
 
     from ._rules import env as _env
+
+    # DTensor first: its import runs auto-activation, which imports the lifecycle modules itself;
+    # importing intercept first would leave it half-initialized when that happens.
+    import torch.distributed.tensor  # noqa: F401
 
     from ._lifecycle import intercept as _intercept
 
@@ -78,11 +88,13 @@ def doctor(out: TextIO = sys.stdout) -> int:
         _write(out, f"  {record.name} [{record.status}] from {record.origin}{extra}")
 
     _write(out, "\nrules (newest last; the newest for an op wins)")
+    registry.resolve_pending()
     entries = registry.entries()
     if not entries:
         _write(out, "  none")
     for entry in entries:
-        _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}")
+        pending = "  (pending: no such op is defined yet; applies once one is)" if entry.pending else ""
+        _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}{pending}")
     return 0
 
 
@@ -106,6 +118,7 @@ def _entry_point_installed() -> bool:
 
 def demo_rank() -> Dict[str, Any]:
     """Run on each rank: the real error unpatched, the right answer patched, checked against plain torch."""
+    import torch
     import torch.nn.functional as F
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -139,14 +152,44 @@ def demo_rank() -> Dict[str, Any]:
     return result
 
 
-def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
-    from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers
+# The demo shows the package as shipped: its worker processes see none of the user's configuration.
+# Third-party rule packs are not loaded (a pack that reads aten::mm's operand as "local" would make
+# the demo's replicated batch fail), KERAS_DTENSOR_MIXFIX_* options are unset (the demo's patched()
+# block uses the defaults) and auto-activation is off (the demo patches itself).
+DEMO_ENVIRONMENT = {"KERAS_DTENSOR_MIXFIX": "0", "KERAS_DTENSOR_MIXFIX_DISABLE_PACKS": "*"}
 
-    _write(out, f"starting {world_size} CPU processes (gloo on 127.0.0.1)...")
+
+def _demo_environment() -> Dict[str, Optional[str]]:
+    """The environment changes that isolate the demo's workers: name -> value (None: unset)."""
+    changes: Dict[str, Optional[str]] = {name: None for name in os.environ if name.startswith("KERAS_DTENSOR_MIXFIX")}
+    changes.update(DEMO_ENVIRONMENT)
+    return changes
+
+
+def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
+    from keras_dtensor_mixfix.testing import _Pool
+
+    _write(out, f"starting {world_size} CPU processes (gloo on 127.0.0.1; built-in rules only: installed rule packs "
+                "and KERAS_DTENSOR_MIXFIX_* settings are not used)...")
+    changes = _demo_environment()
+    saved = {name: os.environ.get(name) for name in changes}
+    for name, value in changes.items():  # the workers inherit the environment they are started with
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
-        results = run_on_ranks(demo_rank, world_size=world_size)
+        pool = _Pool(world_size, start_timeout=120.0)  # its own workers, never ones run_on_ranks may have started
     finally:
-        shutdown_workers()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        results = pool.run(demo_rank, (), {}, timeout=300.0)
+    finally:
+        pool.close()
     first = results[0]
     _write(out, "\nwithout keras_dtensor_mixfix:")
     _write(out, f"  F.linear(plain_batch, sharded_weight) -> RuntimeError: {first['unpatched']}")
@@ -167,7 +210,8 @@ def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keras_dtensor_mixfix",
+    invoked_as_script = os.path.basename(sys.argv[0] if sys.argv else "") == SCRIPT
+    parser = argparse.ArgumentParser(prog=SCRIPT if invoked_as_script else "python -m keras_dtensor_mixfix",
                                      description="Diagnostics and a demo for keras_dtensor_mixfix.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="versions, interception mechanism, auto-activation, options, packs, rules")

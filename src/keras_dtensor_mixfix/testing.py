@@ -28,6 +28,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -168,12 +169,19 @@ class _Pool:
                     os.environ[name] = value
         self._counter = 0
         ready = set()
+        deadline = time.monotonic() + start_timeout
         while len(ready) < size:
             try:
-                _, r, _, _ = self.results.get(timeout=start_timeout)
+                _, r, _, _ = self.results.get(timeout=0.5)
             except queue.Empty:
-                self.close()
-                raise RuntimeError(f"{size} CPU ranks did not start within {start_timeout}s") from None
+                dead = [(r, p.exitcode) for r, p in enumerate(self.processes) if r not in ready and p.exitcode is not None]
+                if dead:
+                    self.close()
+                    raise RuntimeError(_DIED_AT_START.format(rank=dead[0][0], code=dead[0][1])) from None
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(f"{size} CPU ranks did not start within {start_timeout}s") from None
+                continue
             ready.add(r)
 
     def healthy(self) -> bool:
@@ -221,6 +229,13 @@ class _Pool:
         if self._cache_dir is not None:
             shutil.rmtree(self._cache_dir, ignore_errors=True)
 
+
+_DIED_AT_START = (
+    "rank {rank} exited (exit code {code}) before joining the process group. The workers are started with "
+    "'spawn': each one imports your main module again, so a script that calls run_on_ranks must do so under "
+    "`if __name__ == \"__main__\":` (its traceback is printed above); the function it runs must be importable "
+    "(defined at module level)."
+)
 
 _pools: Dict[int, _Pool] = {}
 _pools_lock = threading.Lock()

@@ -341,3 +341,39 @@ def test_an_op_defined_after_another_was_destroyed_is_hooked():
     finally:
         mf.unpatch()
         second._destroy()
+
+
+def test_every_exception_users_see_is_exported_and_submodules_are_attributes_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, keras_dtensor_mixfix as mf\n"
+        "names = dir(mf)\n"
+        "print('helpers', sorted({'Any', 'importlib', 'TYPE_CHECKING', '_importlib', '_typing', '_EXPORTS'} & set(names)))\n"
+        "print('public', all(n in names for n in mf.__all__), sorted({'testing', 'keras_integration', 'hookspecs'} & set(names)))\n"
+        "print('exceptions', mf.RankError.__module__, mf.ReplicationCheckError.__mro__[1].__name__,"
+        " mf.ReplicationCheckWarning.__mro__[1].__name__)\n"
+        "print('submodules', mf.testing.run_on_ranks.__module__, mf.keras_integration.install.__module__,"
+        " mf.hookspecs.hookimpl is mf.hookimpl)\n"
+        "print('torch', 'torch' in sys.modules, 'keras' in sys.modules)\n"
+        "ns = {}; exec('from keras_dtensor_mixfix import *', ns)\n"
+        "print('star', sorted({'RankError', 'ReplicationCheckError', 'ReplicationCheckWarning'} - set(ns)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "helpers []" in out
+    assert "public True ['hookspecs', 'keras_integration', 'testing']" in out
+    assert "exceptions keras_dtensor_mixfix.testing MixedOperandError UserWarning" in out
+    assert "submodules keras_dtensor_mixfix.testing keras_dtensor_mixfix.keras_integration True" in out
+    assert "torch False False" in out
+    assert "star []" in out
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        mf.nope  # noqa: B018
+
+
+def test_check_mode_exceptions_are_the_ones_the_engine_raises():
+    from keras_dtensor_mixfix._engine import check
+
+    assert check.ReplicationCheckError is mf.ReplicationCheckError
+    assert check.ReplicationCheckWarning is mf.ReplicationCheckWarning
+    assert issubclass(mf.ReplicationCheckError, mf.MixedOperandError)

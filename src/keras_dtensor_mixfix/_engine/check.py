@@ -16,19 +16,13 @@ from typing import Any, List, Sequence, Tuple
 
 import torch
 
-from .._rules.errors import MixedOperandError, describe_mesh, describe_tensor
+from .._rules.errors import ReplicationCheckError, ReplicationCheckWarning, describe_mesh, describe_tensor
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 CHECK_MODES = ("off", "warn", "raise")
 
-
-class ReplicationCheckError(MixedOperandError):
-    """A promoted operand broke its rule's assumption on some ranks (check mode ``"raise"``)."""
-
-
-class ReplicationCheckWarning(UserWarning):
-    """A promoted operand broke its rule's assumption on some ranks (check mode ``"warn"``)."""
+__all__ = ["CHECK_MODES", "ReplicationCheckError", "ReplicationCheckWarning", "check_local", "check_replicated"]
 
 
 def _digest(tensor: torch.Tensor) -> str:
@@ -67,8 +61,10 @@ def _report(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, wha
                "tensor identical on every rank.")
     if mode == "raise":
         raise ReplicationCheckError(message)
+    # One channel only: with no logging configured a log.warning is printed to stderr as well, so
+    # every mismatch appeared twice. logging.captureWarnings(True) routes the warning to logging.
     warnings.warn(message, ReplicationCheckWarning, stacklevel=4)
-    log.warning(message)
+    log.debug(message)
 
 
 def check_replicated(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any) -> None:

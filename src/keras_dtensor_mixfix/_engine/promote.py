@@ -11,7 +11,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import grad as _grad
 from . import stats as _stats
-from .._rules.decisions import ERROR, REPLICATE, Decision, Operand, PeerIndex
+from .._rules.decisions import ERROR, REPLICATE, Decision, Operand, PeerIndex, check_decision
 from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._rules.registry import registry
@@ -172,6 +172,7 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
                 operand_label=operand.label, operand=operand.tensor, peers=call.peers,
                 advice="Put the DTensors on one mesh, or register a callable rule that returns Decision(..., mesh=...).",
             )
+        decision = check_decision(decision, traits.name, operand, mesh, call.peers)
         if decision.kind == REPLICATE:
             dtensor, placements = promote_whole(operand, peer, mesh, traits, decision)
         else:

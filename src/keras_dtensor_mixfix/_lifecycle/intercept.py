@@ -255,6 +255,7 @@ class DispatchRuleInterceptor:
         global _active
         for qualname in candidate_qualnames():
             self._install_one(qualname)
+        self.hold_pending()
         _active = self
         log.debug("dispatch rules installed on %d ops (%d skipped)", len(self._handles), len(self._skipped))
 
@@ -274,6 +275,17 @@ class DispatchRuleInterceptor:
                 yielding = _YieldingRegister(holder, qualname, self._dtensor)
                 holder.register = yielding  # an instance attribute: shadows the method for this holder only
                 self._yielding[qualname] = yielding
+
+    def hold_pending(self) -> None:
+        """Hook the ops that rules are waiting for (their library is not imported yet).
+
+        torch's rule registry is keyed by name, so the slot can be held before the op exists; the
+        rule then fires from the op's first call.
+        """
+        from .._rules.registry import registry
+
+        for qualname in registry.pending_qualnames():
+            self._install_one(qualname)
 
     def _step_aside(self, qualname: str) -> None:
         """Give up ``qualname``'s DTensor slot (another library is registering its own rule)."""

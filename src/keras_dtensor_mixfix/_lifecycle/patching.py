@@ -117,6 +117,7 @@ def _patch(options: dict) -> None:
     from .._rules.packs import load_packs
 
     load_packs()  # rule packs load lazily, once per process
+    registry.resolve_pending()  # rules for ops whose library was imported since they were registered
     from .intercept import DispatchRuleInterceptor
     from .._engine.pipeline import promote_call
 
@@ -222,6 +223,8 @@ def _on_rules_changed(op: object) -> None:
         if op is not None:
             # A rule registered for an op created after patch() (a custom op) must still fire.
             installed.ensure_op(op)
+        else:
+            installed.hold_pending()
         _state_changed("rules changed")
 
 

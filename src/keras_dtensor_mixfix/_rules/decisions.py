@@ -42,6 +42,50 @@ class Decision:
             raise ValueError(f"Decision kind must be one of {RULE_NAMES}, got {self.kind!r}")
         if self.shape is not None and self.kind != LOCAL:
             raise ValueError("Decision(shape=...) only makes sense for kind='local'")
+        # Stored as tuples: the dataclass is frozen, and a list the caller keeps must not change it later.
+        if self.placements is not None:
+            object.__setattr__(self, "placements", _checked_placements(self.placements))
+        if self.shape is not None:
+            object.__setattr__(self, "shape", _checked_shape(self.shape))
+
+
+_PLACEMENTS_EXAMPLE = "e.g. placements=[Shard(0)] or [Replicate()] (from torch.distributed.tensor), one per mesh dim"
+
+
+def _checked_placements(value: object) -> Tuple["Placement", ...]:
+    """``Decision(placements=...)`` at construction: a non-empty sequence of torch ``Placement`` objects.
+
+    What depends on the call (one per mesh dim, ``Shard`` dims inside the tensor) is checked when the
+    decision is used, by :func:`check_decision`.
+    """
+    from torch.distributed.tensor.placement_types import Placement
+
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"Decision(placements=...) must be a list or tuple of torch Placement objects, "
+                        f"{_PLACEMENTS_EXAMPLE}; got {type(value).__name__}: {value!r}")
+    placements = tuple(value)
+    if not placements:
+        raise ValueError(f"Decision(placements=...) is empty: give one placement per mesh dim, {_PLACEMENTS_EXAMPLE}")
+    for index, placement in enumerate(placements):
+        if not isinstance(placement, Placement):
+            hint = ""
+            if isinstance(placement, type) and issubclass(placement, Placement):
+                hint = f" (the class itself; write {placement.__name__}(...), an instance)"
+            raise TypeError(f"Decision(placements=...): item {index} is {type(placement).__name__} {placement!r}{hint}, "
+                            f"not a torch Placement; {_PLACEMENTS_EXAMPLE}")
+    return placements
+
+
+def _checked_shape(value: object) -> Tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"Decision(shape=...) must be the global shape as a sequence of ints, e.g. shape=(8, 4); "
+                        f"got {type(value).__name__}: {value!r}")
+    shape = tuple(value)
+    for size in shape:
+        # ints, or the symbolic sizes torch.compile traces with (not specialized here)
+        if isinstance(size, bool) or not hasattr(size, "__index__") or (isinstance(size, int) and size < 0):
+            raise TypeError(f"Decision(shape=...) must hold non-negative ints, e.g. shape=(8, 4); got {value!r}")
+    return shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +175,60 @@ class PeerIndex:
             if tuple(peer.shape) == shape:
                 return peer
         return self.peers[0]
+
+
+def check_decision(decision: Decision, op_name: str, operand: Operand, mesh: "DeviceMesh",
+                   peers: Sequence["DTensor"] = ()) -> Decision:
+    """Check ``decision.placements`` against the mesh the operand is promoted to and the operand.
+
+    Called when a decision is used (its mesh and tensor are known only then): one placement per
+    mesh dim, and every ``Shard(dim)`` inside the (global) tensor's dims. A negative ``Shard`` dim
+    is normalized (as ``distribute_tensor`` does) and the decision returned with it; a decision
+    without placements is returned as it is. Raises :class:`MixedOperandError` naming the op, the
+    operand, the mesh and what to write instead.
+    """
+    placements = decision.placements
+    if placements is None:
+        return decision
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    from .errors import describe_mesh, promotion_error
+
+    tensor = operand.tensor
+    ndim = len(decision.shape) if decision.shape is not None else tensor.dim()
+    mesh_ndim = mesh.ndim
+
+    def fail(reason: str, advice: str) -> Exception:
+        return promotion_error(op_name, f"the rule's Decision({decision.kind!r}, placements={list(placements)}) "
+                               f"{reason}", operand_label=operand.label, operand=tensor, peers=peers,
+                               advice=advice, rule_advice=False)
+
+    if decision.shape is not None and len(decision.shape) != tensor.dim():
+        raise fail(f"gives shape={tuple(decision.shape)} ({len(decision.shape)} dims) for a {tensor.dim()}-D operand",
+                   "Give the operand's global shape, with as many dims as the operand has.")
+    if len(placements) != mesh_ndim:
+        fixed = (list(placements) + [Replicate()] * mesh_ndim)[:mesh_ndim]
+        raise fail(f"has {len(placements)} placement(s) for the {mesh_ndim}-D mesh {describe_mesh(mesh)}",
+                   f"Give exactly one placement per mesh dim ({mesh_ndim}), e.g. "
+                   f"Decision({decision.kind!r}, placements={fixed}); in a callable rule, "
+                   "[Shard(0)] * call.mesh.ndim or [Replicate()] * call.mesh.ndim fit any mesh.")
+    normalized = list(placements)
+    for index, placement in enumerate(placements):
+        dim = getattr(placement, "dim", None)
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            continue
+        if 0 <= dim < ndim:
+            continue
+        if -ndim <= dim < 0 and type(placement) is Shard:
+            normalized[index] = Shard(dim + ndim)
+            continue
+        valid = f"Shard(0) to Shard({ndim - 1})" if ndim > 0 else "no Shard at all (use Replicate())"
+        raise fail(f"shards dim {dim} (placement {index}, mesh dim {index}), but the "
+                   f"{'global' if decision.kind == LOCAL else 'whole'} tensor has {ndim} dim(s)",
+                   f"Shard a dim the tensor has: {valid}.")
+    if normalized != list(placements):
+        return dataclasses.replace(decision, placements=tuple(normalized))
+    return decision
 
 
 RuleAnswer = Union[str, Decision, Mapping[Position, Union[str, Decision]], Sequence[Union[str, Decision]], None]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING, Mapping, Optional, Tuple
+import threading
+from typing import TYPE_CHECKING, Mapping, Optional, Set, Tuple
 
 if TYPE_CHECKING:
     from .options import Options
@@ -23,14 +24,28 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _NOT_OPTIONS = {DISABLE_PACKS}
 
+_warned: Set[Tuple[str, str]] = set()
+_warned_lock = threading.Lock()
 
-def _parse_bool(name: str, raw: str) -> Optional[bool]:
+
+def _warn_once(name: str, raw: str, message: str, *args: object) -> None:
+    """Log ``message`` once per process for each (variable, value): the environment is read again at
+    auto-activation, at every ``patch()`` and by ``current_options()``, and one bad value is one mistake."""
+    with _warned_lock:
+        if (name, raw) in _warned:
+            return
+        _warned.add((name, raw))
+    log.warning(message, *args)
+
+
+def _parse_bool(name: str, raw: str, fallback: str) -> Optional[bool]:
     value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    log.warning("keras_dtensor_mixfix: ignoring %s=%r: expected one of %s", name, raw, sorted(_TRUE | _FALSE))
+    _warn_once(name, raw, "keras_dtensor_mixfix: ignoring %s=%r: expected one of %s; %s", name, raw,
+               sorted(_TRUE | _FALSE), fallback)
     return None
 
 
@@ -38,7 +53,7 @@ def auto_activation_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     raw = environ.get(ENABLE)
     if raw is None or raw.strip() == "":
         return True
-    parsed = _parse_bool(ENABLE, raw)
+    parsed = _parse_bool(ENABLE, raw, "auto-activation stays on (the default)")
     return True if parsed is None else parsed
 
 
@@ -54,19 +69,20 @@ def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options"
             continue
         option = name[len(PREFIX):].lower()
         if option not in fields:
-            log.warning("keras_dtensor_mixfix: ignoring unknown variable %s; known: %s", name,
-                        ", ".join(PREFIX + f.upper() for f in fields) + ", " + DISABLE_PACKS)
+            _warn_once(name, raw, "keras_dtensor_mixfix: ignoring unknown variable %s; known: %s", name,
+                       ", ".join(PREFIX + f.upper() for f in fields) + ", " + DISABLE_PACKS)
             continue
         current = getattr(options, option)
         value: object = raw.strip()
         if isinstance(current, bool):
-            value = _parse_bool(name, raw)
+            value = _parse_bool(name, raw, f"using {option}={current!r}")
             if value is None:
                 continue
         try:
             options = options.updated(**{option: value})
         except (TypeError, ValueError) as exc:
-            log.warning("keras_dtensor_mixfix: ignoring %s=%r (%s); using %s=%r", name, raw, exc, option, current)
+            _warn_once(name, raw, "keras_dtensor_mixfix: ignoring %s=%r (%s); using %s=%r", name, raw, exc, option,
+                       current)
             continue
         sources[option] = name
     return options, sources

@@ -17,6 +17,17 @@ class MixedOperandError(RuntimeError):
     """
 
 
+class ReplicationCheckError(MixedOperandError):
+    """A promoted operand broke its rule's assumption on some ranks (``patch(check="raise")``).
+
+    For example a ``"replicate"`` operand that differs between ranks (each rank's own batch).
+    """
+
+
+class ReplicationCheckWarning(UserWarning):
+    """A promoted operand broke its rule's assumption on some ranks (``patch(check="warn")``)."""
+
+
 def describe_tensor(tensor: "torch.Tensor") -> str:
     from torch.distributed.tensor import DTensor
 
@@ -47,14 +58,21 @@ def promotion_error(
     operand: Optional["torch.Tensor"] = None,
     peers: Iterable["DTensor"] = (),
     advice: Optional[str] = None,
+    rule_advice: bool = True,
 ) -> MixedOperandError:
-    """Build an error naming the op, the operand, shapes, placements and mesh, and the fix."""
+    """Build an error naming the op, the operand, shapes, placements and mesh, and the fix.
+
+    ``rule_advice=False`` leaves out the generic "register a rule" advice (for errors in a rule itself).
+    """
     lines = [f"keras_dtensor_mixfix: cannot run {op_name} with mixed torch.Tensor and DTensor operands: {reason}"]
     if operand is not None:
         lines.append(f"  plain operand {operand_label}: {describe_tensor(operand)}")
     for index, peer in enumerate(peers):
         lines.append(f"  DTensor operand #{index}: {describe_tensor(peer)}")
     packet = op_name.split(".")[0]
+    if not rule_advice:
+        lines.append(f"  what to do: {advice}")
+        return MixedOperandError("\n".join(lines))
     lines.append(
         "  what to do: "
         + (advice + " Or " if advice else "")

@@ -5,6 +5,7 @@ Everything here is pure schema inspection: no DTensor, no process group.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from typing import Any, Union
 
@@ -53,7 +54,10 @@ def resolve_op(op: OpLike) -> "torch._ops.OpOverload | torch._ops.OpOverloadPack
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
     except (AttributeError, RuntimeError) as exc:
-        raise ValueError(f"operator {op!r} does not exist (no '{namespace}::{name}' is registered with torch)") from exc
+        known = namespace_ops(namespace)
+        close = difflib.get_close_matches(f"{namespace}::{name}", known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"operator {op!r} does not exist (no '{namespace}::{name}' is registered with torch){hint}") from exc
     if overload is None:
         return packet
     try:
@@ -63,6 +67,34 @@ def resolve_op(op: OpLike) -> "torch._ops.OpOverload | torch._ops.OpOverloadPack
         raise ValueError(
             f"operator {op!r}: '{namespace}::{name}' has no overload {overload!r} (known overloads: {known})"
         ) from exc
+
+
+def namespace_ops(namespace: str) -> list[str]:
+    """Names (``ns::name``, no overload) of the operators registered in ``namespace`` so far.
+
+    Reads the dispatcher's full list (a few ms): for error messages and registration-time policy only.
+    """
+    list_names = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    if list_names is None:  # no such listing on this torch: treat the namespace as unknown
+        return []
+    prefix = namespace + "::"
+    return sorted({qualname.partition(".")[0] for qualname in list_names() if qualname.startswith(prefix)})
+
+
+def pending_key(op: OpLike) -> str | None:
+    """The registry key to hold a rule under when ``op`` names an operator that does not exist *yet*.
+
+    The policy: a name in a namespace that has no operator yet (its library is not imported
+    yet: custom ops are defined when their module is imported) may appear later, so a rule for it
+    is held. A name in a namespace that already has operators (``aten``, or a library already
+    loaded) must exist now: a missing one is a typo, and ``None`` tells the caller to raise.
+    """
+    if not isinstance(op, str):
+        return None
+    namespace, name, overload = _split_name(op.strip())
+    if namespace_ops(namespace):
+        return None
+    return f"{namespace}::{name}" + (f".{overload}" if overload else "")
 
 
 def op_key(op: "torch._ops.OpOverload | torch._ops.OpOverloadPacket") -> str:

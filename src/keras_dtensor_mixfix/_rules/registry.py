@@ -1,4 +1,11 @@
-"""Per-op rule registry: a newest-wins stack of registrations with removable handles."""
+"""Per-op rule registry: a newest-wins stack of registrations with removable handles.
+
+A rule may name an operator that does not exist yet (a custom op whose library is imported after
+the rule pack loaded): it is *pending* (see :func:`~keras_dtensor_mixfix._rules.ops.pending_key`
+for when that is allowed) and applies once the op is defined. Entries are matched by name, so a
+pending entry needs nothing special to be found by ``lookup``; "resolving" it only records that
+the op now exists and tells the listeners (which hook the op).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from .decisions import Rule, validate_rule
-from .ops import OpLike, op_key, packet_name, resolve_op
+from .ops import OpLike, op_key, packet_name, pending_key, resolve_op
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +27,15 @@ _MISSING = object()
 class RuleHandle:
     """Returned by :func:`register_rule`; ``remove()`` undoes exactly that registration."""
 
-    __slots__ = ("op", "rule", "source", "_seq", "_registry")
+    __slots__ = ("op", "rule", "source", "pending", "_seq", "_registry")
 
-    def __init__(self, registry: "RuleRegistry", op: str, rule: Rule, source: str, seq: int) -> None:
+    def __init__(self, registry: "RuleRegistry", op: str, rule: Rule, source: str, seq: int,
+                 pending: bool = False) -> None:
         self.op = op
         self.rule = rule
         self.source = source
+        self.pending = pending
+        """True while ``op`` names an operator that has not been defined yet (the rule applies once it is)."""
         self._seq = seq
         self._registry = registry
 
@@ -48,7 +58,7 @@ class RuleHandle:
         self.remove()
 
     def __repr__(self) -> str:
-        state = "active" if self.active else "removed"
+        state = ("pending: no such op yet" if self.pending else "active") if self.active else "removed"
         return f"<RuleHandle {self.op} -> {self.rule!r} from {self.source} ({state})>"
 
 
@@ -63,6 +73,8 @@ class RuleRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: List[RuleHandle] = []
+        self._pending: List[RuleHandle] = []  # the entries whose op was not defined when last checked
+        self._unannounced: List[RuleHandle] = []  # resolved by a lookup; the listeners are told later
         self._cache: Dict[object, object] = {}
         self._counter = itertools.count()
         self._listeners: List[Callable[[object], None]] = []
@@ -70,22 +82,83 @@ class RuleRegistry:
         """Bumped by every change (and by clear_cache): callers that keep a looked-up rule compare it."""
 
     def add_listener(self, listener: Callable[[object], None]) -> None:
-        """Call ``listener(resolved_op)`` after each registration, ``listener(None)`` after a removal."""
+        """Call ``listener(op)`` with the ``OpOverload``/``OpOverloadPacket`` after each registration for an
+        existing op and when a pending rule's op turns out to exist (see :meth:`resolve_pending`);
+        ``listener(None)`` after a removal and after a registration held for an op not defined yet."""
         self._listeners.append(listener)
 
     def register(self, op: OpLike, rule: Rule, source: str = "user") -> RuleHandle:
-        resolved = resolve_op(op)
-        key = op_key(resolved)
+        self.resolve_pending()  # ops defined since the last check get hooked before this one
+        resolved: Optional[object]
+        try:
+            resolved = resolve_op(op)
+            key = op_key(resolved)  # type: ignore[arg-type]
+        except ValueError:
+            held = pending_key(op)
+            if held is None:
+                raise  # a typo, or a name in a namespace that is loaded: say so now
+            resolved, key = None, held
         validate_rule(rule, f"register_rule({key!r})")
         with self._lock:
-            handle = RuleHandle(self, key, rule, source, next(self._counter))
+            handle = RuleHandle(self, key, rule, source, next(self._counter), pending=resolved is None)
             self._entries.append(handle)
+            if handle.pending:
+                self._pending.append(handle)
             self._cache.clear()
             self.version += 1
-        log.debug("registered rule %r for %s (from %s)", rule, key, source)
-        for listener in list(self._listeners):
-            listener(resolved)
+        if resolved is None:
+            log.info("keras_dtensor_mixfix: rule %r for %s (from %s) is pending: no such operator is defined yet; it "
+                     "applies once a library defines it", rule, key, source)
+        else:
+            log.debug("registered rule %r for %s (from %s)", rule, key, source)
+        self._notify(resolved)
         return handle
+
+    def resolve_pending(self) -> List[RuleHandle]:
+        """Check the pending rules: those whose op is now defined stop being pending, and the listeners
+        are told about each such op (so a patch in force hooks it). Returns the handles resolved.
+
+        Costs nothing when no rule is pending; a few microseconds per pending rule otherwise.
+        """
+        if not self._pending and not self._unannounced:
+            return []
+        resolved: List[tuple] = []
+        with self._lock:
+            for handle in self._unannounced:
+                resolved.append((handle, resolve_op(handle.op)))
+            self._unannounced.clear()
+            for handle in list(self._pending):
+                try:
+                    op = resolve_op(handle.op)
+                except ValueError:
+                    continue  # still not defined
+                handle.pending = False
+                self._pending.remove(handle)
+                resolved.append((handle, op))
+        for handle, op in resolved:
+            log.debug("pending rule %r for %s (from %s): the op is now defined", handle.rule, handle.op, handle.source)
+            self._notify(op)
+        return [handle for handle, _ in resolved]
+
+    def pending_qualnames(self) -> List[str]:
+        """The pending ops as torch's dispatch-rule registry names them (``ns::name`` for the default
+        overload, ``ns::name.overload`` otherwise), so a patch can hold their slot before they exist.
+
+        For a pending packet (``ns::name``) that is its default overload; its other overloads can
+        only be hooked once they exist (the listeners are told when the packet resolves).
+        """
+        with self._lock:
+            keys = [handle.op for handle in self._pending]
+        names = []
+        for key in keys:
+            name = key[: -len(".default")] if key.endswith(".default") else key
+            if name not in names:
+                names.append(name)
+        return names
+
+    def _notify(self, op: Optional[object]) -> None:
+        for listener in list(self._listeners):
+            listener(op)
 
     def _contains(self, handle: RuleHandle) -> bool:
         with self._lock:
@@ -96,14 +169,17 @@ class RuleRegistry:
             for index, entry in enumerate(self._entries):
                 if entry is handle:
                     del self._entries[index]
+                    if handle.pending:
+                        self._pending.remove(handle)
+                    if handle in self._unannounced:
+                        self._unannounced.remove(handle)
                     self._cache.clear()
                     self.version += 1
                     log.debug("removed rule %r for %s", handle.rule, handle.op)
                     break
             else:
                 return
-        for listener in list(self._listeners):
-            listener(None)
+        self._notify(None)
 
     def lookup(self, func: "torch._ops.OpOverload") -> Optional[Rule]:
         """The rule registered for ``func`` (overload or its packet), newest first; None if none."""
@@ -117,6 +193,13 @@ class RuleRegistry:
             for entry in reversed(self._entries):
                 if entry.op == overload_key or entry.op == packet_key:
                     found = entry.rule
+                    if entry.pending:
+                        # Its op exists: it is being called. Only recorded here, on the promotion path:
+                        # the listeners are not called from inside an op (nor while torch.compile traces)
+                        # but by the next resolve_pending() (any registration, patch()).
+                        entry.pending = False
+                        self._pending.remove(entry)
+                        self._unannounced.append(entry)
                     break
             self._cache[func] = found
         return found  # type: ignore[return-value]
@@ -141,7 +224,10 @@ def register_rule(op: OpLike, rule: Rule, *, source: str = "user") -> RuleHandle
 
     ``op`` is an ``OpOverload`` (``torch.ops.aten.mm.default``), an ``OpOverloadPacket``
     (``torch.ops.aten.mm``: every overload) or a string (``"aten::mm.default"``,
-    ``"aten.mm.default"``, ``"aten::mm"``). ``rule`` is ``"replicate"``, ``"local"``,
+    ``"aten.mm.default"``, ``"aten::mm"``). A name that does not exist raises ``ValueError``,
+    except in a namespace that has no operator yet (a custom-op library not imported yet, e.g.
+    ``"flash_attn::fwd"``): that rule is held (``handle.pending``) and applies once the op is
+    defined. ``rule`` is ``"replicate"``, ``"local"``,
     ``"error"``, a :class:`Decision`, or a callable that receives a :class:`MixedCall` and
     answers per plain operand. The newest registration for an op wins; removing it exposes
     the one before. Registrations outlive ``unpatch()``; they take effect while patched.

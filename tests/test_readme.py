@@ -1,0 +1,343 @@
+"""Every fenced ```python and ```bash block of README.md runs as written, in a fresh process.
+
+A block runs as it is, with the environment a user has (auto-activation on), and must exit 0 with an
+empty stderr; a ```text block marked ``output`` right after it lists lines its stdout must contain. A
+marker (an HTML comment on the line before a block) says how a block is run:
+
+- ``<!-- readme-test: ranks=2 -->``: a program for 2 processes, run with ``torchrun --nproc-per-node 2
+  --master-addr 127.0.0.1`` (gloo on the loopback);
+- ``<!-- readme-test: pytest -->``: a test file, run with ``python -m pytest``;
+- ``<!-- readme-test: file=PATH -->``: a file of a package (a rule pack): written to a project directory
+  that the blocks after it see installed (on ``PYTHONPATH``, with the entry points of a ``pyproject.toml``
+  block in a ``.dist-info``, as pip would leave them);
+- ``<!-- readme-test: same-as=PATH -->``: the text of a file in this repository (checked identical; that
+  file is run by the README block that runs it);
+- ``<!-- readme-test: skip=REASON -->``: not run (exactly the blocks listed in ``SKIPPED`` below);
+- ``<!-- readme-test: output -->`` on a ```text block: lines the previous block's stdout contains;
+- ``<!-- readme-test: message=ID -->`` on a ```text block: the first line of a message users see,
+  checked against the message the case ``ID`` really produces (``Troubleshooting``).
+
+Bash blocks run from the repository root (they name ``examples/...``), python blocks from a temporary
+directory. The environment differs from a user's only where a tool would otherwise print to stderr or
+collide with a concurrent run: ``OMP_NUM_THREADS=1`` (torchrun warns when it sets it) and a free port for
+torchrun (``PET_MASTER_PORT``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from typing import Dict, List, Optional
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+TIMEOUT = 300
+
+SKIPPED = {
+    'pip install torch==2.13.0 -e ".[test]"',  # needs the network; then the whole suite (~10 minutes)
+    "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
+}
+"""The first line of every block that is not run. Adding a skip is a decision: it changes this set too."""
+
+_MARKER = re.compile(r"<!--\s*readme-test:\s*([\w-]+)(?:=(.*?))?\s*-->")
+_KNOWN_MARKERS = {"ranks", "pytest", "file", "same-as", "skip", "output", "message"}
+_RUN_LANGUAGES = {"python", "bash"}
+
+
+@dataclasses.dataclass
+class Block:
+    line: int  # where its opening fence is (1-based)
+    language: str
+    code: str
+    marker: Optional[str] = None
+    value: Optional[str] = None
+    output: Optional["Block"] = None  # the ```text block of its documented output
+
+    @property
+    def id(self) -> str:
+        first = next((line for line in self.code.splitlines() if line.strip()), "")
+        return f"L{self.line}-{self.language}-{re.sub(r'[^A-Za-z0-9]+', '_', first)[:40].strip('_')}"
+
+    @property
+    def first_line(self) -> str:
+        return next((line for line in self.code.splitlines() if line.strip()), "")
+
+
+def parse(text: str) -> List[Block]:
+    lines = text.splitlines()
+    blocks: List[Block] = []
+    index = 0
+    while index < len(lines):
+        fence = re.match(r"^```(\S*)\s*$", lines[index])
+        if fence is None:
+            index += 1
+            continue
+        start = index
+        index += 1
+        body = []
+        while not lines[index].startswith("```"):
+            body.append(lines[index])
+            index += 1
+        block = Block(start + 1, fence.group(1), "\n".join(body) + "\n")
+        before = start - 1
+        while before >= 0 and not lines[before].strip():
+            before -= 1
+        if before >= 0:
+            found = _MARKER.fullmatch(lines[before].strip())
+            if found is not None:
+                block.marker, block.value = found.group(1), found.group(2)
+        blocks.append(block)
+        index += 1
+    runnable = None
+    for block in blocks:
+        if block.language in _RUN_LANGUAGES and block.marker not in ("skip", "file", "same-as"):
+            runnable = block
+        elif block.marker == "output":
+            assert runnable is not None and runnable.output is None, f"README line {block.line}: output of what?"
+            runnable.output = block
+    return blocks
+
+
+BLOCKS = parse(README.read_text())
+RUN = [block for block in BLOCKS if block.language in _RUN_LANGUAGES and block.marker not in ("skip", "file", "same-as")]
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _user_environment(extra_path: Optional[pathlib.Path] = None) -> Dict[str, str]:
+    """A user's environment: none of the suite's own settings (conftest turns auto-activation off)."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("KERAS_DTENSOR_MIXFIX", "PYTEST_")) and name not in ("KERAS_BACKEND", "PYTHONPATH")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # python, torchrun, the script
+    env["OMP_NUM_THREADS"] = "1"  # else torchrun says on stderr that it sets it
+    env["PET_MASTER_PORT"] = str(_free_port())  # torchrun's --master-port default: never collide with another run
+    if extra_path is not None:
+        env["PYTHONPATH"] = str(extra_path)
+    return env
+
+
+def _install_files(project: pathlib.Path, upto_line: int) -> Optional[pathlib.Path]:
+    """Write the ``file=`` blocks above ``upto_line`` into ``project`` and "install" it as pip would."""
+    files = [block for block in BLOCKS if block.marker == "file" and block.line < upto_line]
+    if not files:
+        return None
+    project.mkdir(exist_ok=True)
+    for block in files:
+        target = project / block.value
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block.code)
+        if block.value == "pyproject.toml":
+            tomllib = pytest.importorskip("tomllib")
+            groups = tomllib.loads(block.code)["project"]["entry-points"]
+            info = project / "my_pack-1.0.dist-info"
+            info.mkdir(exist_ok=True)
+            (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pack\nVersion: 1.0\n")
+            (info / "entry_points.txt").write_text("".join(
+                f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items())
+                for group, entries in groups.items()))
+    return project
+
+
+def _check_output(block: Block, stdout: str) -> None:
+    got = [_normalize(line) for line in stdout.splitlines()]
+    for expected in block.output.code.splitlines():
+        expected = _normalize(expected)
+        if expected and expected != "...":
+            assert any(expected in line for line in got), (
+                f"README line {block.output.line}: {expected!r} is not in the output of the block at line "
+                f"{block.line}:\n{stdout}")
+
+
+# --------------------------------------------------------------------------- the blocks themselves
+
+
+def test_every_block_is_run_or_deliberately_skipped():
+    languages = {block.language for block in BLOCKS}
+    assert languages <= {"python", "bash", "text", "toml"}, f"fenced blocks of unknown kind: {languages}"
+    for block in BLOCKS:
+        assert block.language, f"README line {block.line}: a fence without a language (python, bash, text, toml)"
+        assert block.marker is None or block.marker in _KNOWN_MARKERS, (block.line, block.marker)
+        if block.language in ("text", "toml"):
+            assert block.language == "toml" or block.marker in (None, "output", "message"), block.line
+    skipped = {block.first_line for block in BLOCKS if block.language in _RUN_LANGUAGES and block.marker == "skip"}
+    assert skipped == SKIPPED
+    assert all(block.value for block in BLOCKS if block.marker == "skip"), "a skip says why"
+    assert len(RUN) >= 6  # the quick start, rules, pack doctor, pytest, CLI, run_on_ranks, the Keras example
+
+
+@pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
+def test_block_runs_as_written(block, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _user_environment(_install_files(tmp_path / "project", block.line))
+    if block.language == "bash":
+        command, cwd = ["bash", "-euo", "pipefail", "-c", block.code], ROOT
+    else:
+        script = work / ("test_readme_block.py" if block.marker == "pytest" else "snippet.py")
+        script.write_text(block.code)
+        cwd = work
+        if block.marker == "ranks":
+            command = ["torchrun", f"--nproc-per-node={int(block.value)}", "--master-addr", "127.0.0.1", str(script)]
+        elif block.marker == "pytest":
+            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script)]
+        else:
+            command = [sys.executable, str(script)]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    where = f"README line {block.line}:\n{block.code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, where
+    assert result.stderr == "", where
+    if block.output is not None:
+        _check_output(block, result.stdout)
+
+
+def test_blocks_that_show_a_file_show_it_exactly():
+    shown = [block for block in BLOCKS if block.marker == "same-as"]
+    assert shown
+    for block in shown:
+        source = (ROOT / block.value).read_text()
+        code = re.sub(r'\A""".*?"""\n+', "", source, flags=re.S)  # the file's docstring is not shown
+        assert code == block.code, f"README line {block.line} differs from {block.value}"
+        assert any(block.value in run.code for run in RUN if run.language == "bash"), f"nothing runs {block.value}"
+
+
+def test_every_example_script_is_run_by_a_block():
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        name = f"examples/{script.name}"
+        assert any(name in block.code for block in RUN), f"{name} is not run by any README block"
+
+
+# --------------------------------------------------------------------------- Troubleshooting: the real messages
+
+_RANK_CASES = textwrap.dedent(
+    """
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import keras_dtensor_mixfix as mf
+
+
+    def first_line(fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the message is the result
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return "no error"
+
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    weight = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])
+    lib = torch.library.Library("mylib", "DEF")  # a custom op with no DTensor sharding strategy
+    lib.define("scale_add(Tensor x, Tensor y) -> Tensor")
+    lib.impl("scale_add", lambda x, y: x + 2 * y, "CompositeExplicitAutograd")
+    found = {}
+    while mf.is_patched():
+        mf.unpatch()
+    found["unpatched"] = first_line(lambda: weight * torch.ones(4, 4))
+    with mf.patched():
+        found["local_looking"] = first_line(lambda: weight * torch.ones(2, 4))  # shaped like this rank's rows
+        found["no_strategy"] = first_line(lambda: torch.ops.mylib.scale_add(weight, torch.ones(4, 4)))
+        other_mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("dp", "tp"))
+        other = distribute_tensor(torch.ones(4, 4), other_mesh, [Replicate(), Shard(0)])
+        found["meshes"] = first_line(lambda: torch.addcmul(weight, other, torch.ones(4, 4)))
+        lib.define("late_add(Tensor x, Tensor y) -> Tensor")  # an op defined after patch()
+        lib.impl("late_add", lambda x, y: x + y, "CompositeExplicitAutograd")
+        found["defined_after_patch"] = first_line(lambda: torch.ops.mylib.late_add(weight, torch.ones(4, 4)))
+    with mf.patched(check="raise"):
+        per_rank = torch.full((4, 4), float(dist.get_rank()))  # each rank's own data, read as "replicate"
+        found["check"] = first_line(lambda: weight * per_rank)
+    if dist.get_rank() == 0:
+        print(json.dumps(found))
+    dist.destroy_process_group()
+    """
+)
+
+_UNSUPPORTED_TORCH = textwrap.dedent(
+    """
+    import keras_dtensor_mixfix._torch.versions as versions
+    versions.NEWEST_TORCH = (2, 12)         # pretend this torch is newer than any supported one
+    import torch, torch.distributed.tensor  # auto-activation runs here
+    import keras_dtensor_mixfix as mf
+    try:
+        mf.patch()
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}".splitlines()[0])
+    """
+)
+
+
+def _packs_that_fail(site: pathlib.Path) -> None:
+    site.mkdir()
+    (site / "typo_rules.py").write_text(
+        "from keras_dtensor_mixfix import hookimpl\n\n"
+        "@hookimpl\ndef register_rules(register):\n    register('aten::mmm', 'local')\n")
+    for name, target in (("flash", "my_pack.rules"), ("typo", "typo_rules")):
+        info = site / f"{name}_pack-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-pack\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[keras_dtensor_mixfix]\n{name} = {target}\n")
+
+
+def _real_messages(tmp_path: pathlib.Path) -> Dict[str, str]:
+    script = tmp_path / "cases.py"
+    script.write_text(_RANK_CASES)
+    ranks = subprocess.run(["torchrun", "--nproc-per-node=2", "--master-addr", "127.0.0.1", str(script)],
+                           env=_user_environment(), capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path)
+    assert ranks.returncode == 0 and ranks.stderr == "", ranks.stdout + ranks.stderr
+    found = json.loads(ranks.stdout.strip().splitlines()[-1])
+
+    unsupported = subprocess.run([sys.executable, "-c", _UNSUPPORTED_TORCH], env=_user_environment(),
+                                 capture_output=True, text=True, timeout=TIMEOUT)
+    assert unsupported.returncode == 0, unsupported.stderr
+    found["unsupported_torch"] = unsupported.stderr.splitlines()[0]
+    found["unsupported_torch_patch"] = unsupported.stdout.splitlines()[0]
+
+    _packs_that_fail(tmp_path / "site")
+    packs = subprocess.run([sys.executable, "-c", "import keras_dtensor_mixfix as mf; mf.patch()"],
+                           env=_user_environment(tmp_path / "site"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert packs.returncode == 0, packs.stderr
+    for line in packs.stderr.splitlines():
+        if "rule pack 'flash'" in line:
+            found["pack_import"] = line
+        if "rule pack 'typo'" in line:
+            found["pack_raises"] = line
+    return found
+
+
+def _comparable(text: str) -> str:
+    # Version numbers vary with the torch installed and the supported range; the words around them do not.
+    return re.sub(r"\d+\.\d+(\.\d+|\.x)?(\+\w+)?", "<version>", _normalize(text))
+
+
+def test_troubleshooting_quotes_the_messages_users_really_see(tmp_path):
+    quoted = [block for block in BLOCKS if block.marker == "message"]
+    real = _real_messages(tmp_path)
+    assert {block.value for block in quoted} == set(real), "every case is quoted, and only those"
+    for block in quoted:
+        expected = _comparable(block.code)
+        actual = _comparable(real[block.value])
+        if expected.endswith("..."):
+            assert actual.startswith(expected[:-3].rstrip()), (block.line, real[block.value])
+        else:
+            assert actual == expected, f"README line {block.line} ({block.value}): the message is now\n{real[block.value]}"
