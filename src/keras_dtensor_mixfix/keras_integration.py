@@ -30,7 +30,8 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import backend_lib, compile, data, keras_modules, promotion_mode, saving, values, variables
+from ._keras import (backend_lib, compile, data, keras_modules, promotion_mode, saving, sharded_ops, values,
+                     variables)
 from ._keras.patches import Patches
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -86,6 +87,9 @@ def install() -> bool:
                          if distribute_batches else "trainer: Keras' own data distribution kept")
             saving.install(patches)
             added.append("saving: rank 0 writes")
+            sharded_ops.install(patches, native_attention=native_lib)  # Keras 3.16 runs attention locally itself
+            added.append("ops: take settles masked partials, slice_update replicates sharded inputs"
+                         + ("" if native_lib else ", attention runs on local rows and heads"))
             if keras_modules.native_promotion_mode():
                 promotion_mode.install(patches)
                 _mode_replaced = True

@@ -70,3 +70,23 @@ def native_promotion_mode() -> bool:
     """Keras enters its own mixed-operand dispatch mode under a distribution (3.16 and later)."""
     module = core()
     return hasattr(module, "KerasDTensorPromotionMode") and hasattr(module, "activate_dtensor_promotion")
+
+
+def backend_numpy() -> Any:
+    """The torch backend's numpy module (``ops.numpy`` from Keras 3.16)."""
+    for name in ("keras.src.backend.torch.ops.numpy", "keras.src.backend.torch.numpy"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("keras_dtensor_mixfix: this Keras has no torch backend numpy module")
+
+
+def backend_nn() -> Any:
+    """The torch backend's nn module (``ops.nn`` from Keras 3.16)."""
+    for name in ("keras.src.backend.torch.ops.nn", "keras.src.backend.torch.nn"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("keras_dtensor_mixfix: this Keras has no torch backend nn module")

@@ -46,3 +46,12 @@ class Patches:
                 delattr(owner, name)
             else:
                 setattr(owner, name, previous)
+
+
+def rebind_everywhere(patches: Patches, original: Any, replacement: Any) -> None:
+    """Replace a Keras function in every ``keras.*`` module that holds it by name (``from x import f``)."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if (name == "keras" or name.startswith("keras.")) and getattr(module, original.__name__, None) is original:
+            patches.set(module, original.__name__, replacement)

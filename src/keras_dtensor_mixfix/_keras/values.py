@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 from . import keras_modules
-from .patches import Patches
+from .patches import Patches, rebind_everywhere
 
 
 def install(patches: Patches) -> None:
@@ -26,7 +25,4 @@ def install(patches: Patches) -> None:
             x = _global(x)
         return original(x)
 
-    # The function is imported by name into several Keras namespaces: rebind each of them.
-    for name, module in list(sys.modules.items()):
-        if (name == "keras" or name.startswith("keras.")) and getattr(module, "convert_to_numpy", None) is original:
-            patches.set(module, "convert_to_numpy", convert_to_numpy)
+    rebind_everywhere(patches, original, convert_to_numpy)  # imported by name into several Keras namespaces
