@@ -319,3 +319,28 @@ def test_import_does_not_import_torch_distributed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_state_listeners_hear_each_change_once_in_the_changing_thread():
+    from keras_dtensor_mixfix._lifecycle.patching import add_state_listener, remove_state_listener
+
+    heard = []
+
+    def listener(patched):
+        heard.append((patched, mf.is_patched(), threading.current_thread().name))
+
+    add_state_listener(listener)
+    add_state_listener(listener)  # once only
+    try:
+        mf.patch()
+        mf.patch(default="local")  # no change of state: not heard
+        mf.unpatch()
+        mf.unpatch()
+        with mf.patched():
+            pass
+    finally:
+        remove_state_listener(listener)
+    mf.patch()
+    mf.unpatch()
+    me = threading.current_thread().name
+    assert heard == [(True, True, me), (False, False, me), (True, True, me), (False, False, me)]

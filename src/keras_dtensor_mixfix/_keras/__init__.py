@@ -8,5 +8,6 @@
 - :mod:`.data`: batches distributed before each step, logs and predictions made global;
 - :mod:`.compile`: ``jit_compile=True`` under a distribution;
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
-- :mod:`.saving`: rank 0 writes.
+- :mod:`.saving`: rank 0 writes;
+- :mod:`.sharded_ops`: ``take``, ``slice_update`` and attention where DTensor cannot run Keras' version.
 """
