@@ -18,16 +18,17 @@ log = logging.getLogger("keras_dtensor_mixfix")
 
 TARGET = "torch.distributed.tensor"
 
-# The Keras modules keras_integration patches; once all have loaded (during `import keras`, which
-# itself imports torch and so runs this hook midway), the integration is installed.
+# The Keras modules keras_integration patches, each with the other names it had in other Keras
+# releases (the torch core moved to `ops.core` in 3.16); once one of each has loaded (during
+# `import keras`, which itself imports torch and so runs this hook midway), the integration is installed.
 KERAS_MODULES = (
-    "keras.src.backend.torch.core",
-    "keras.src.backend.torch.trainer",
-    "keras.src.distribution.distribution_lib",
-    "keras.src.trainers.data_adapters",
-    "keras.src.saving.saving_lib",
+    ("keras.src.backend.torch.core", "keras.src.backend.torch.ops.core"),
+    ("keras.src.backend.torch.trainer",),
+    ("keras.src.distribution.distribution_lib",),
+    ("keras.src.trainers.data_adapters",),
+    ("keras.src.saving.saving_lib",),
 )
-WATCHED = (TARGET,) + KERAS_MODULES
+WATCHED = (TARGET,) + tuple(name for names in KERAS_MODULES for name in names)
 
 keras_state = "not installed"
 """What auto-activation did for Keras: for ``doctor``."""
@@ -105,7 +106,8 @@ def _patch_now() -> None:
 
 def _maybe_install_keras() -> None:
     global keras_state
-    if keras_state != "not installed" or not all(name in sys.modules for name in KERAS_MODULES):
+    if keras_state != "not installed" or not all(any(name in sys.modules for name in names)
+                                                  for names in KERAS_MODULES):
         return
     keras_state = "installing"
     try:

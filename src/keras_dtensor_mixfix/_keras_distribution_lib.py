@@ -1,7 +1,8 @@
 """A torch backend for ``keras.distribution`` (Keras 3.15.1 ships none).
 
-Installed by :mod:`keras_dtensor_mixfix.keras_integration` as ``keras.src.backend.distribution_lib``.
-One process per device: a Keras device id is the process's global rank. A Keras
+Installed by :mod:`keras_dtensor_mixfix.keras_integration` as ``keras.src.backend.distribution_lib``
+and as ``keras.src.backend.torch.distribution_lib``, with the functions Keras 3.16's module of that
+name has. One process per device: a Keras device id is the process's global rank. A Keras
 ``TensorLayout`` becomes ``(torch DeviceMesh, placements)``: for each mesh dim, ``Shard(d)`` if
 the layout puts that mesh axis on tensor dim ``d``, else ``Replicate()``.
 """
@@ -24,6 +25,15 @@ class TorchLayout(NamedTuple):
 
     mesh: Any
     placements: Tuple[Any, ...]
+
+    @property
+    def device_mesh(self) -> Any:
+        """Keras 3.16's ``DTensorLayout`` name for the mesh."""
+        return self.mesh
+
+
+DTensorLayout = TorchLayout
+"""Keras 3.16's name for a backend layout (``DTensorLayout(device_mesh, placements)``)."""
 
 
 def _device_kind() -> str:
@@ -81,6 +91,18 @@ def _agree_on_seed() -> None:
     seed = torch.tensor([int(np.random.randint(0, 2**31 - 1))], dtype=torch.int64)
     dist.broadcast(seed, src=0)
     rng_utils.set_random_seed(int(seed.item()))
+
+
+def activate_dtensor_promotion() -> None:
+    """Keras 3.16 enters its promotion mode here; ours is the package's patch (process-wide)."""
+    from ._lifecycle.patching import is_patched, patch
+
+    if not is_patched():
+        patch()
+
+
+def deactivate_dtensor_promotion() -> None:
+    """Nothing to undo per distribution: the patch belongs to whoever made it (``uninstall()`` undoes its own)."""
 
 
 def _ensure_process_group() -> None:
@@ -159,6 +181,10 @@ def _resolve(layout: Any) -> TorchLayout:
 
     if isinstance(layout, TensorLayout):
         return layout.backend_layout
+    if isinstance(layout, TorchLayout):
+        return layout
+    if hasattr(layout, "device_mesh") and hasattr(layout, "placements"):  # Keras 3.16's DTensorLayout
+        return TorchLayout(layout.device_mesh, tuple(layout.placements))
     mesh, placements = layout
     return TorchLayout(mesh, tuple(placements))
 
@@ -224,11 +250,14 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
     return torch.nn.Parameter(distributed, requires_grad=trainable)
 
 
-def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: str, is_global: bool = True) -> Any:
+def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: Optional[str] = None,
+                          is_global: bool = False) -> Any:
     """A batch as a DTensor sharded on the batch axis.
 
-    ``is_global=True``: every process holds the same global batch; each keeps its slice (no
-    communication). ``is_global=False``: the batch is this process's own shard (JAX semantics).
+    ``is_global=False`` (JAX's and Keras 3.16's meaning of this function): the batch is this
+    process's own shard. ``is_global=True`` (what the trainer passes unless ``auto_shard_dataset``
+    is off): every process holds the same global batch; each keeps its slice (no communication).
+    ``batch_dim_name`` is accepted for JAX's signature; the layout says it all.
     """
     from torch.distributed.tensor import DTensor
 

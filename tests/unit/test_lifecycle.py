@@ -377,3 +377,28 @@ def test_check_mode_exceptions_are_the_ones_the_engine_raises():
     assert check.ReplicationCheckError is mf.ReplicationCheckError
     assert check.ReplicationCheckWarning is mf.ReplicationCheckWarning
     assert issubclass(mf.ReplicationCheckError, mf.MixedOperandError)
+
+
+def test_state_listeners_hear_each_change_once_in_the_changing_thread():
+    from keras_dtensor_mixfix._lifecycle.patching import add_state_listener, remove_state_listener
+
+    heard = []
+
+    def listener(patched):
+        heard.append((patched, mf.is_patched(), threading.current_thread().name))
+
+    add_state_listener(listener)
+    add_state_listener(listener)  # once only
+    try:
+        mf.patch()
+        mf.patch(default="local")  # no change of state: not heard
+        mf.unpatch()
+        mf.unpatch()
+        with mf.patched():
+            pass
+    finally:
+        remove_state_listener(listener)
+    mf.patch()
+    mf.unpatch()
+    me = threading.current_thread().name
+    assert heard == [(True, True, me), (False, False, me), (True, True, me), (False, False, me)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from .._engine import context
 from .._rules.options import Options
@@ -56,6 +56,31 @@ def _take_deferred() -> Optional[Callable[[], None]]:
     return deferred
 
 
+_state_listeners: List[Callable[[bool], None]] = []
+
+
+def add_state_listener(listener: Callable[[bool], None]) -> None:
+    """Call ``listener(is_patched())`` after each ``patch()``/``unpatch()`` that changes the state.
+
+    It runs in the thread that changed the state, once the change is complete. For the package's
+    own surfaces (the Keras integration); a listener must not raise.
+    """
+    if listener not in _state_listeners:
+        _state_listeners.append(listener)
+
+
+def remove_state_listener(listener: Callable[[bool], None]) -> None:
+    if listener in _state_listeners:
+        _state_listeners.remove(listener)
+
+
+def _notify(was_patched: bool) -> None:
+    now = _interceptor is not None
+    if now != was_patched:
+        for listener in list(_state_listeners):
+            listener(now)
+
+
 def patch_in_progress() -> bool:
     """True while a ``patch()`` call is installing the patch (in any thread; under the lock)."""
     return _in_progress
@@ -89,11 +114,13 @@ def patch(**options: Any) -> None:
     with _lock:
         if _in_progress:
             return  # re-entered from an import hook while installing: the outer call finishes
+        was_patched = _interceptor is not None
         _in_progress = True
         try:
             _patch(options)
         finally:
             _in_progress = False
+    _notify(was_patched)
 
 
 def _patch(options: dict) -> None:
@@ -159,6 +186,7 @@ def unpatch() -> None:
         compiled_promotions.uninstall()
         compiled_promotions.invalidate("unpatch()")
         log.debug("keras_dtensor_mixfix unpatched")
+    _notify(True)
 
 
 def _clear_caches() -> None:

@@ -1,0 +1,90 @@
+"""``jit_compile=True`` under a distribution.
+
+Keras' ``torch.compile`` of a step that holds DTensors uses the ``aot_eager`` backend with static
+shapes: inductor gave wrong numbers for model-sharded DTensor steps on CPU (also without this
+package), and dynamic shapes fail to retrace DTensor specs. On Keras 3.15.1 that applies under any
+distribution; on Keras 3.16, which refuses ``jit_compile`` under non-``DataParallel`` distributions
+because of its dispatch mode, it applies where our promotion replaced that mode
+(:mod:`.promotion_mode`), and ``DataParallel`` compiles as Keras does.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from . import keras_modules, promotion_mode
+from .patches import Patches
+
+
+def install(patches: Patches) -> None:
+    trainer_class = keras_modules.trainer_class()
+    if keras_modules.native_promotion_mode():
+        original_use = trainer_class._use_torch_compile
+
+        @functools.wraps(original_use)
+        def _use_torch_compile(self: Any) -> bool:
+            if promotion_mode.replaced():  # the mode Keras refuses to compile under is off
+                return not self.run_eagerly and bool(self.jit_compile)
+            return original_use(self)
+
+        patches.set(trainer_class, "_use_torch_compile", _use_torch_compile)
+        return
+    original_train_step = trainer_class.train_step
+
+    def train_step(self: Any, data: Any) -> Any:
+        if keras_modules.distribution() is None or not self.jit_compile:
+            return original_train_step(self, data)
+        return _compiled_train_step(self, data)
+
+    patches.set(trainer_class, "train_step", train_step)
+
+
+def static_aot_eager(trainer: Any) -> bool:
+    """Whether ``trainer``'s step functions are to be compiled with ``aot_eager`` and static shapes."""
+    if not trainer.jit_compile or trainer.run_eagerly:
+        return False
+    if keras_modules.native_promotion_mode():
+        return promotion_mode.replaced()
+    return keras_modules.distribution() is not None
+
+
+def make_with_static_aot_eager(original_make: Callable[..., Any], trainer: Any, force: bool) -> None:
+    import torch
+
+    real_compile = torch.compile
+    torch.compile = functools.partial(real_compile, backend="aot_eager", dynamic=False)  # type: ignore[assignment]
+    try:
+        original_make(trainer, force=force)
+    finally:
+        torch.compile = real_compile  # type: ignore[assignment]
+
+
+def _compiled_train_step(trainer: Any, data: Any) -> Any:
+    """Keras 3.15.1's torch train step, with predictions detached before ``backward()``.
+
+    Under torch.compile the step is split at ``backward()``; a DTensor prediction returned by the
+    forward graph but unused by the loss's backward receives a plain zero tangent, which the
+    compiled backward rejects ("Expected a DTensor tangent"). Metrics need no gradient, so the
+    predictions they see are detached first.
+    """
+    import torch
+    from keras.src import tree
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+    y_pred = trainer(x, training=True) if trainer._call_has_training_arg else trainer(x)
+    trainer.zero_grad()
+    loss = trainer._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+    first_input = next(leaf for leaf in tree.flatten(x) if leaf is not None)
+    trainer._loss_tracker.update_state(loss, sample_weight=first_input.shape[0])
+    y_pred = tree.map_structure(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y_pred)
+    if trainer.optimizer is not None:
+        loss = trainer.optimizer.scale_loss(loss)
+    weights = trainer.trainable_weights[:]
+    if weights:
+        loss.backward()
+        gradients = [variable.value.grad for variable in weights]
+        with torch.no_grad():
+            trainer.optimizer.apply(gradients, weights)
+    return trainer.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

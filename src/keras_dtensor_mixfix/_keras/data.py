@@ -1,0 +1,130 @@
+"""The train/test/predict step functions under a distribution.
+
+Each ``make_*_function`` is wrapped so that its step, while a distribution is in force:
+
+- brings Keras' own promotion mode in line with the patch state in the running thread
+  (:func:`.promotion_mode.sync`; Keras 3.16);
+- compiles with ``aot_eager`` and static shapes where :func:`.compile.static_aot_eager` says so;
+- on a Keras without data distribution of its own (3.15.1): receives its batches distributed along
+  the batch axis, and returns logs and predictions as plain global tensors. Each process feeds the
+  global batch and keeps its slice (no communication); with ``distribution.auto_shard_dataset =
+  False`` each process feeds its own shard. Non-tf.data inputs are accepted in multi-process runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from . import compile as compile_step
+from . import keras_modules, promotion_mode
+from .patches import Patches
+
+
+def install(patches: Patches, distribute_batches: bool) -> None:
+    trainer_class = keras_modules.trainer_class()
+    for kind in ("train", "test", "predict"):
+        original_make = getattr(trainer_class, f"make_{kind}_function")
+        patches.set(trainer_class, f"make_{kind}_function",
+                    _wrapped_make(original_make, f"{kind}_function", distribute_batches))
+    if distribute_batches:
+        _install_data_adapter(patches)
+
+
+def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_batches: bool) -> Callable[..., Any]:
+    def make(self: Any, force: bool = False) -> Any:
+        existing = getattr(self, attribute)
+        if existing is not None and not force:
+            return existing
+        promotion_mode.sync()  # whether Keras compiles depends on it
+        if compile_step.static_aot_eager(self):
+            compile_step.make_with_static_aot_eager(original_make, self, force)
+        else:
+            original_make(self, force=force)
+        inner = getattr(self, attribute)
+
+        def step(data: Any) -> Any:
+            active = keras_modules.distribution()
+            if active is None:
+                return inner(data)
+            promotion_mode.sync()
+            if not distribute_batches:
+                return inner(data)
+            return _make_global(inner(_distribute_batch(data, active)))
+
+        setattr(self, attribute, step)
+        return step
+
+    return make
+
+
+def _distribute_batch(data: Any, distribution: Any) -> Any:
+    import torch
+    from keras.src import tree
+    from torch.distributed.tensor import DTensor
+
+    convert_to_tensor = keras_modules.core().convert_to_tensor
+    is_global = bool(getattr(distribution, "auto_shard_dataset", True))
+    layouts = _layout_cache(distribution)
+    lib = keras_modules.lib()
+
+    def one(leaf: Any) -> Any:
+        if leaf is None or isinstance(leaf, DTensor):
+            return leaf
+        if not isinstance(leaf, torch.Tensor):
+            if not hasattr(leaf, "shape"):
+                return leaf
+            leaf = convert_to_tensor(leaf)
+        if leaf.ndim == 0:
+            return leaf
+        shape = tuple(leaf.shape)
+        layout = layouts.get(shape)
+        if layout is None:
+            layout = layouts[shape] = distribution.get_data_layout(shape).backend_layout
+        return lib.distribute_data_input(leaf, layout, distribution.batch_dim_name, is_global=is_global)
+
+    return tree.map_structure(one, data)
+
+
+def _layout_cache(distribution: Any) -> dict:
+    # get_data_layout builds a new TensorLayout (and its placements) per call: once per shape is enough.
+    cache = getattr(distribution, "_keras_dtensor_mixfix_layouts", None)
+    if cache is None:
+        cache = {}
+        distribution._keras_dtensor_mixfix_layouts = cache
+    return cache
+
+
+def _make_global(result: Any) -> Any:
+    import torch
+    from keras.src import tree
+    from torch.distributed.tensor import DTensor
+
+    def one(leaf: Any) -> Any:
+        if isinstance(leaf, DTensor):
+            return leaf.detach().full_tensor()
+        return leaf.detach() if isinstance(leaf, torch.Tensor) else leaf
+
+    return tree.map_structure(one, result)
+
+
+def _install_data_adapter(patches: Patches) -> None:
+    from keras.src.trainers import data_adapters
+
+    original = data_adapters.get_data_adapter
+
+    @functools.wraps(original)
+    def get_data_adapter(x: Any, *args: Any, **kwargs: Any) -> Any:
+        distribution = keras_modules.distribution()
+        if (distribution is not None and getattr(distribution, "_is_multi_process", False)
+                and getattr(distribution, "auto_shard_dataset", False) and not data_adapters.is_tf_dataset(x)):
+            # Keras requires tf.data here; each process iterates the global batch instead and the
+            # step keeps this process's slice (see _distribute_batch).
+            distribution.auto_shard_dataset = False
+            try:
+                return original(x, *args, **kwargs)
+            finally:
+                distribution.auto_shard_dataset = True
+        return original(x, *args, **kwargs)
+
+    patches.set(data_adapters, "get_data_adapter", get_data_adapter)

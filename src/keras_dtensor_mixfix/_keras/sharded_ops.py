@@ -1,0 +1,141 @@
+"""Keras backend ops that DTensor (torch 2.13) cannot run on sharded values as Keras writes them.
+
+- ``take`` on a table sharded along the looked-up axis (a vocabulary-sharded embedding): DTensor
+  returns a ``_MaskPartial`` result, whose mask buffer the first reduction releases, so a second
+  consumer of the same result fails with a bare ``AssertionError`` in
+  ``_MaskPartial._reduce_shard_value``, without the package too (Llama's and Qwen's
+  ``LlamaLayerNorm`` read the embedding twice: ``x * rsqrt(mean(x**2))``). The result is reduced
+  at once to what DTensor gives it on first use (``Replicate`` on that mesh dim), differentiably:
+  one all-reduce, as before, and any number of consumers.
+- ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
+  an in-place op whose strategy needs another placement ("in-place operations that require
+  placement changes are not supported"), as for a prompt sharded on the batch axis (keras_hub's
+  ``generate()``). A sharded input is made ``Replicate`` first, so the write is allowed; values
+  are unchanged and the (small) result is replicated.
+- ``dot_product_attention`` (Keras 3.15.1; 3.16 runs it on local tensors itself): DTensor has no
+  strategy for CPU's ``_scaled_dot_product_flash_attention_for_cpu`` and derives one through its
+  decomposition, which on a 2-D mesh took minutes per new shape and then found none. Attention is
+  independent per batch row and per head, so it runs on this rank's rows and heads (query, key,
+  value and mask or bias taken to the query's batch/head sharding, everything else replicated)
+  and the result is wrapped with those placements: the same values, differentiably.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import keras_modules
+from .patches import Patches, rebind_everywhere
+
+
+def install(patches: Patches, native_attention: bool) -> None:
+    numpy_module = keras_modules.backend_numpy()
+    core = keras_modules.core()
+    rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take))
+    rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
+    if not native_attention:
+        nn = keras_modules.backend_nn()
+        rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
+
+
+def _settled_take(original: Any) -> Any:
+    @functools.wraps(original)
+    def take(x: Any, indices: Any, axis: Any = None) -> Any:
+        return settle_mask_partial(original(x, indices, axis=axis))
+
+    return take
+
+
+def settle_mask_partial(value: Any) -> Any:
+    """A DTensor with a ``_MaskPartial`` placement, reduced on those mesh dims; anything else as is."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.placement_types import Partial
+
+    if not isinstance(value, DTensor):
+        return value
+    placements = value.placements
+    # _MaskPartial is private; it is the only Partial subclass that carries a mask buffer
+    if not any(isinstance(p, Partial) and hasattr(p, "mask_buffer") for p in placements):
+        return value
+    settled = [Replicate() if isinstance(p, Partial) and hasattr(p, "mask_buffer") else p for p in placements]
+    return value.redistribute(value.device_mesh, settled)
+
+
+def _replicated_slice_update(original: Any) -> Any:
+    @functools.wraps(original)
+    def slice_update(inputs: Any, start_indices: Any, updates: Any) -> Any:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if isinstance(inputs, DTensor) and any(not isinstance(p, Replicate) for p in inputs.placements):
+            inputs = inputs.redistribute(inputs.device_mesh, [Replicate()] * inputs.device_mesh.ndim)
+        return original(inputs, start_indices, updates)
+
+    return slice_update
+
+
+BATCH, HEADS = 0, 2  # dims of Keras' (batch, length, heads, depth) attention operands
+
+
+def _local_attention(original: Any) -> Any:
+    @functools.wraps(original)
+    def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, mask: Any = None,
+                              *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        peer = next((t for t in (query, key, value) if isinstance(t, DTensor)), None)
+        if peer is None or not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+            return original(query, key, value, bias, mask, *args, **kwargs)
+        mesh = peer.device_mesh
+        placements = _attention_placements(query, key, value, peer)
+        local = [_local_piece(t, mesh, placements, {BATCH: BATCH, HEADS: HEADS}, 4) for t in (query, key, value)]
+        # mask and bias are in SDPA's (batch, heads, query length, key length) order
+        extra = [None if t is None else _local_piece(t, mesh, placements, {BATCH: 0, HEADS: 1}, 4)
+                 for t in (bias, mask)]
+        out = original(*local, extra[0], extra[1], *args, **kwargs)
+        shape = torch.Size((query.shape[0], query.shape[1], query.shape[2], value.shape[3]))
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+    return dot_product_attention
+
+
+def _attention_placements(query: Any, key: Any, value: Any, peer: Any) -> tuple:
+    """Per mesh dim: the query's sharding of batch rows or heads where key and value can follow it."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    reference = query if isinstance(query, DTensor) else peer
+    mesh = reference.device_mesh
+    placements = []
+    for mesh_dim, placement in enumerate(reference.placements):
+        size = mesh.size(mesh_dim)
+        keep = isinstance(placement, Shard) and placement.dim in (BATCH, HEADS)
+        if keep and placement.dim == HEADS:  # each rank's query heads must meet their key/value heads
+            keep = query.shape[HEADS] % size == 0 and all(
+                t.shape[HEADS] == 1 or t.shape[HEADS] % size == 0 for t in (key, value))
+        placements.append(Shard(placement.dim) if keep else Replicate())
+    return tuple(placements)
+
+
+def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_rank: int) -> Any:
+    """This rank's piece of ``tensor`` under ``placements`` (dims mapped through ``dims``; a dim of
+    size 1, or one the tensor lacks, broadcasts and stays whole); differentiable."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    from .._keras_distribution_lib import TorchLayout, _relayout
+
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    missing = full_rank - tensor.ndim
+    own = []
+    for placement in placements:
+        if isinstance(placement, Shard):
+            dim = dims[placement.dim] - missing
+            if dim >= 0 and tensor.shape[dim] > 1:
+                own.append(Shard(dim))
+                continue
+        own.append(Replicate())
+    piece = _relayout(tensor, TorchLayout(mesh, tuple(own)))
+    return piece.to_local() if hasattr(piece, "to_local") else piece

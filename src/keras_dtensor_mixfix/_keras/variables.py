@@ -1,0 +1,70 @@
+"""Layout-aware variables for a Keras whose torch ``Variable`` ignores layouts (3.15.1).
+
+A variable with a layout holds an ``nn.Parameter`` wrapping a DTensor; ``assign``,
+``set_weights`` and loading keep the layout; printing never gathers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import keras_modules
+from .patches import Patches
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+
+def install(patches: Patches) -> None:
+    import torch
+    from keras.src.backend.common import global_state
+    from keras.src.backend.common.variables import Variable as KerasVariable
+    from torch.distributed.tensor import DTensor
+
+    core = keras_modules.core()
+    variable_class = core.Variable
+    original_initialize = variable_class._initialize
+    original_assign = variable_class._direct_assign
+    original_repr = KerasVariable.__repr__
+
+    def _initialize(self: Any, value: Any) -> None:
+        if self._layout is None:
+            distribution = global_state.get_global_attribute("distribution")
+            if distribution is not None:
+                if getattr(self, "_shape", None) is None:  # array initializers arrive before the shape is set
+                    self._shape = self._validate_shape(value.shape)
+                self._layout = distribution.get_variable_layout(self)
+        if self._layout is None:
+            return original_initialize(self, value)
+        if isinstance(value, torch.nn.Parameter) and not isinstance(value, DTensor):
+            # A parameter shared with a torch module (TorchModuleWrapper): distributing a copy would
+            # train a disconnected tensor, so it stays as it is.
+            log.warning("keras_dtensor_mixfix: variable %s wraps a torch module's parameter; its layout is ignored",
+                        self.path)
+            return original_initialize(self, value)
+        if isinstance(value, DTensor) and isinstance(value, torch.nn.Parameter):
+            self._value = value
+            return
+        tensor = core.convert_to_tensor(value, dtype=self._dtype)
+        self._value = keras_modules.lib().distribute_variable(tensor, self._layout, trainable=self.trainable)
+
+    def _direct_assign(self: Any, value: Any) -> None:
+        current = self._value
+        if not isinstance(current, DTensor):
+            return original_assign(self, value)
+        with torch.no_grad():
+            if not isinstance(value, DTensor):
+                value = core.convert_to_tensor(value, dtype=self._dtype)
+            # in place: the optimizer and the layer's ParameterDict hold this very object
+            current.copy_(keras_modules.lib().distribute_tensor(value, (current.device_mesh, current.placements)))
+
+    def __repr__(self: Any) -> str:
+        value = getattr(self, "_value", None)
+        if isinstance(value, DTensor):  # gathering here would hang when one rank prints alone
+            return (f"<Variable path={self.path}, shape={self.shape}, dtype={self.dtype}, "
+                    f"placements={tuple(value.placements)} (values not gathered)>")
+        return original_repr(self)
+
+    patches.set(variable_class, "_initialize", _initialize)
+    patches.set(variable_class, "_direct_assign", _direct_assign)
+    patches.set(KerasVariable, "__repr__", __repr__)
