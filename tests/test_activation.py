@@ -75,7 +75,7 @@ def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line()
     )
     out = _ok(result)
     assert out.count("patched False") == 2
-    assert "state off: torch " in out and "outside the supported range (torch 2.11 to 2.0.x)" in out
+    assert "state off: torch " in out and "outside the supported range (torch 2.13 to 2.0.x)" in out
     assert "raised keras_dtensor_mixfix.patch(): torch " in out
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "auto-activation is off" in lines[0], result.stderr

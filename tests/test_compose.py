@@ -249,6 +249,7 @@ def compile_cache_saves(mixed):
 def test_only_graphs_that_promote_stay_out_of_the_aot_autograd_cache():
     pure = run_on_ranks(compile_cache_saves, False, world_size=2)[0]
     mixed = run_on_ranks(compile_cache_saves, True, world_size=2)[0]
-    assert pure.get("autograd_cache_saved", 0) == 1, pure  # cached exactly as without the package
-    assert mixed.get("autograd_cache_saved", 0) == 0, mixed
+    # cached exactly as without the package (written now, or served from an entry an earlier test wrote)
+    assert pure.get("autograd_cache_saved", 0) + pure.get("autograd_cache_hit", 0) == 1, pure
+    assert mixed.get("autograd_cache_saved", 0) == 0 and mixed.get("autograd_cache_hit", 0) == 0, mixed
     assert mixed.get("autograd_cache_miss", 0) == 1, mixed

@@ -32,15 +32,6 @@ def _loss(params, x):
     return (h * h).mean() + (d * d).sum()
 
 
-# torch 2.11's DTensor runs an in-place _foreach_* op on a Partial DTensor as a no-op (its local tensor is
-# left unchanged; seen unpatched: torch._foreach_mul_([partial], 0.5)), and these parameters' gradients
-# are Partial, so the optimizer's update is wrong there with or without the package. Fixed in 2.13.
-TORCH_211_PARTIAL_FOREACH = pytest.mark.xfail(
-    tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 12), strict=True,
-    reason="torch 2.11 DTensor: in-place _foreach_* on a Partial DTensor leaves it unchanged (a torch bug, unpatched too)")
-
-
-@TORCH_211_PARTIAL_FOREACH
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("optimizer", ["sgd_momentum_nesterov", "adam", "adamw_amsgrad", "rmsprop", "adagrad"])
 def test_optimizer_steps_mixing_dtensor_and_plain_parameters(world_size, optimizer):

@@ -8,14 +8,14 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-OLDEST_TORCH: Tuple[int, int] = (2, 11)
+OLDEST_TORCH: Tuple[int, int] = (2, 13)
 """Oldest supported torch (major, minor); CI runs the suite on it."""
 NEWEST_TORCH: Tuple[int, int] = (2, 15)
 """Newest torch minor release the suite was run on (CI runs it on 2.15.0)."""
 
 
 def supported_range() -> str:
-    """The supported range in words, e.g. ``"torch 2.11 to 2.15.x"``."""
+    """The supported range in words, e.g. ``"torch 2.13 to 2.15.x"``."""
     return f"torch {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} to {NEWEST_TORCH[0]}.{NEWEST_TORCH[1]}.x"
 
 
