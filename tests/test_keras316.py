@@ -83,7 +83,7 @@ def _reference(initial, jit=False, epochs=2):
 # --------------------------------------------------------------------------- training
 
 
-def fit_model_parallel(plugin, jit, epochs=2):
+def fit_model_parallel(plugin, jit, epochs=2, kind="model_parallel"):
     import keras
     import torch
     from torch._dynamo.utils import counters
@@ -96,7 +96,10 @@ def fit_model_parallel(plugin, jit, epochs=2):
     out = {}
     try:
         keras.utils.set_random_seed(5)
-        _set_model_parallel()
+        if kind == "model_parallel":
+            _set_model_parallel()
+        else:  # each process feeds its own shard: the same rows on both, so the mean gradient is one process's
+            keras.distribution.set_distribution(keras.distribution.DataParallel(auto_shard_dataset=False))
         out["keras_mode_on"] = _keras_mode_on()
         model = _model()
         _compile(model, jit)
@@ -119,7 +122,7 @@ def fit_model_parallel(plugin, jit, epochs=2):
     return out
 
 
-def _check_against_reference(out, rtol=1e-5):
+def _check_against_reference(out, rtol=1e-5, sharded=True):
     weights, history, evaluated, predicted = _reference(out["initial"])
     for got, want in zip(out["trained"], weights):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6)
@@ -127,6 +130,8 @@ def _check_against_reference(out, rtol=1e-5):
         np.testing.assert_allclose(out["history"][key], history[key], rtol=rtol, atol=1e-7)
     np.testing.assert_allclose(out["evaluated"], evaluated, rtol=rtol, atol=1e-7)
     np.testing.assert_allclose(out["predicted"], predicted, rtol=rtol, atol=1e-6)
+    if not sharded:
+        return
     assert out["placements"]["mlp/d1/kernel"] == "(Replicate(), Shard(dim=1))", out["placements"]
     assert out["placements"]["mlp/d2/kernel"] == "(Replicate(), Shard(dim=0))", out["placements"]
 
@@ -150,6 +155,27 @@ def test_jit_compile_really_compiles_under_model_parallel():
     out = run_on_ranks(fit_model_parallel, True, True, world_size=2, timeout=600)[0]
     assert out["compiled_graphs"] >= 1, out["compiled_graphs"]  # Keras alone: 0 (it refuses, runs eagerly)
     _check_against_reference(out)
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["keras_alone", "with_package"])
+def test_data_parallel_is_keras_own_with_or_without_the_package(plugin):
+    out = run_on_ranks(fit_model_parallel, plugin, False, 2, "data_parallel", world_size=2, timeout=600)[0]
+    assert not out["keras_mode_on"]  # Keras enters no mode for DataParallel
+    _check_against_reference(out, sharded=False)
+
+
+def test_auto_activation_installs_into_keras_316():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_DTENSOR_MIXFIX")}  # auto-activation on
+    env["KERAS_BACKEND"] = "torch"
+    code = ("import keras; from keras_dtensor_mixfix import _autoload, keras_integration; "
+            "print(_autoload.keras_state); print(keras_integration.report()[-1])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "installed" and "KerasDTensorPromotionMode" in lines[-1], result.stdout
 
 
 # --------------------------------------------------------------------------- saving

@@ -9,19 +9,23 @@ distribution, global ``convert_to_numpy``, and ``KerasDTensorPromotionMode``).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Tuple
 
 CORE_MODULES = ("keras.src.backend.torch.ops.core", "keras.src.backend.torch.core")
 """The torch backend's core module, newest location first."""
 
 
-def core() -> Any:
-    for name in CORE_MODULES:
+def _first_module(names: Tuple[str, ...]) -> Any:
+    for name in names:
         try:
             return importlib.import_module(name)
         except ImportError:
             continue
-    raise ImportError(f"keras_dtensor_mixfix: this Keras has none of {CORE_MODULES}")
+    raise ImportError(f"keras_dtensor_mixfix: this Keras has none of {names}")
+
+
+def core() -> Any:
+    return _first_module(CORE_MODULES)
 
 
 def trainer_module() -> Any:
@@ -74,19 +78,9 @@ def native_promotion_mode() -> bool:
 
 def backend_numpy() -> Any:
     """The torch backend's numpy module (``ops.numpy`` from Keras 3.16)."""
-    for name in ("keras.src.backend.torch.ops.numpy", "keras.src.backend.torch.numpy"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("keras_dtensor_mixfix: this Keras has no torch backend numpy module")
+    return _first_module(("keras.src.backend.torch.ops.numpy", "keras.src.backend.torch.numpy"))
 
 
 def backend_nn() -> Any:
     """The torch backend's nn module (``ops.nn`` from Keras 3.16)."""
-    for name in ("keras.src.backend.torch.ops.nn", "keras.src.backend.torch.nn"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("keras_dtensor_mixfix: this Keras has no torch backend nn module")
+    return _first_module(("keras.src.backend.torch.ops.nn", "keras.src.backend.torch.nn"))

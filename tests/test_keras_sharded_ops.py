@@ -1,0 +1,152 @@
+"""Keras ops the integration wraps because DTensor cannot run Keras' version on sharded values.
+
+A vocabulary-sharded embedding read twice (a layer norm), attention with head-sharded
+projections, and ``slice_update`` into a batch-sharded tensor, on 2 gloo ranks against one
+process (values and trained weights); on plain tensors the wrapped ops are Keras' own, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+VOCAB, LENGTH, HEADS, DEPTH = 32, 6, 2, 4
+
+
+def _model(prefix=""):
+    import keras
+    from keras import ops
+
+    class Attention(keras.layers.Layer):
+        def build(self, input_shape):
+            self.qkv = self.add_weight(shape=(input_shape[-1], 3, HEADS, DEPTH), name="qkv",
+                                       initializer="glorot_uniform")
+
+        def call(self, x):
+            qkv = ops.einsum("btd,dkhe->btkhe", x, self.qkv)
+            out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
+            return ops.reshape(out, (-1, LENGTH, HEADS * DEPTH))
+
+    ids = keras.Input((LENGTH,), dtype="int32")
+    x = keras.layers.Embedding(VOCAB, HEADS * DEPTH, name="embed")(ids)
+    x = keras.layers.LayerNormalization(name="norm")(x)  # reads the embedding twice (mean, then x - mean)
+    x = Attention(name="attn")(x)
+    logits = keras.layers.Dense(VOCAB, name="head")(x)
+    return keras.Model(ids, logits, name=f"{prefix}lm")
+
+
+def _compile(model):
+    import keras
+
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, size=(4, LENGTH)).astype("int32")
+    return ids, np.roll(ids, -1, axis=1)
+
+
+def sharded_lm():
+    import keras
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from keras_dtensor_mixfix import keras_integration
+
+    assert keras_integration.install()
+    try:
+        keras.utils.set_random_seed(1)
+        devices = keras.distribution.list_devices()
+        mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*embed/embeddings"] = ("model", None)  # vocabulary-sharded table
+        layout_map[".*attn/qkv"] = (None, None, "model", None)  # heads
+        layout_map[".*head/kernel"] = (None, "model")
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
+                                                                             batch_dim_name="batch"))
+        model = _model()
+        _compile(model)
+        initial = model.get_weights()
+        placements = {v.path: str(tuple(v.value.placements)) for v in model.weights if isinstance(v.value, DTensor)}
+        x, y = _data()
+        losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+        trained = model.get_weights()
+        predicted = model.predict_on_batch(x)
+        # slice_update into a tensor sharded on the batch axis (what keras_hub's generate() does)
+        full = torch.arange(4 * LENGTH, dtype=torch.int32).reshape(4, LENGTH)
+        sharded = keras.distribution.distribute_tensor(full, keras.distribution.TensorLayout(["model", None], mesh))
+        updated = keras.ops.slice_update(sharded, [0, 2], torch.full((4, 1), -1, dtype=torch.int32))
+        updated_tensor = keras.ops.slice_update(sharded, torch.tensor([1, 3]), torch.full((2, 2), -2,
+                                                                                          dtype=torch.int32))
+        updates = (updated.full_tensor().numpy(), updated_tensor.full_tensor().numpy(), str(sharded.placements))
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+        keras.backend.clear_session()
+    return dict(initial=initial, placements=placements, losses=losses, trained=trained, predicted=predicted,
+                updates=updates)
+
+
+def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process():
+    out = run_on_ranks(sharded_lm, world_size=2, timeout=900)[0]
+    placements = {"/".join(path.split("/")[-2:]): value for path, value in out["placements"].items()}
+    assert placements["embed/embeddings"] == "(Replicate(), Shard(dim=0))", out["placements"]
+    assert placements["attn/qkv"] == "(Replicate(), Shard(dim=2))", out["placements"]
+    reference = _model("ref_")
+    _compile(reference)
+    reference.set_weights(out["initial"])
+    x, y = _data()
+    losses = [float(reference.train_on_batch(x, y)) for _ in range(3)]
+    np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+    for got, want in zip(out["trained"], reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["predicted"], reference.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+    updated, updated_tensor, placements = out["updates"]
+    assert "Shard(dim=0)" in placements
+    full = np.arange(4 * LENGTH, dtype="int32").reshape(4, LENGTH)
+    want = full.copy()
+    want[:, 2] = -1
+    np.testing.assert_array_equal(updated, want)
+    want = full.copy()
+    want[1:3, 3:5] = -2
+    np.testing.assert_array_equal(updated_tensor, want)
+
+
+def test_wrapped_ops_are_keras_own_on_plain_tensors():
+    import torch
+    from keras import ops
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras import keras_modules
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(VOCAB, 8)).astype("float32")
+    ids = rng.integers(0, VOCAB, size=(3, 5))
+    q, k, v = (rng.normal(size=(2, LENGTH, HEADS, DEPTH)).astype("float32") for _ in range(3))
+    mask = np.tril(np.ones((LENGTH, LENGTH), bool))[None, None]
+
+    def run():
+        return [ops.convert_to_numpy(ops.take(table, ids, axis=0)),
+                ops.convert_to_numpy(ops.slice_update(np.zeros((4, 4), "float32"), [1, 1], np.ones((2, 2), "float32"))),
+                ops.convert_to_numpy(ops.slice_update(np.zeros((4, 4), "float32"), torch.tensor([0, 2]),
+                                                      np.ones((2, 2), "float32"))),
+                ops.convert_to_numpy(ops.dot_product_attention(q, k, v, mask=mask)),
+                ops.convert_to_numpy(ops.dot_product_attention(q, k, v, is_causal=True))]
+
+    functions = (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
+                 keras_modules.backend_nn().dot_product_attention)
+    keras_integration.uninstall()
+    before = run()
+    assert keras_integration.install()
+    try:
+        assert keras_modules.backend_numpy().take is not functions[0]
+        during = run()
+    finally:
+        keras_integration.uninstall()
+    assert (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
+            keras_modules.backend_nn().dot_product_attention) == functions
+    for got, want in zip(during, before):
+        np.testing.assert_array_equal(got, want)
