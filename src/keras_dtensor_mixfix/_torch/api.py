@@ -30,6 +30,7 @@ __all__ = [
 # elsewhere: ``DTensor._local_tensor`` and ``DTensor._spec`` (a DTensorSpec), both unchanged
 # since torch 2.4; ``OpOverload._op`` and ``OpOverload._schema``.
 
+from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta  # noqa: E402
 from torch.distributed.tensor._redistribute import redistribute_local_tensor  # noqa: E402
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
@@ -42,16 +43,12 @@ def dtensor_fast_constructor() -> Optional[Callable[..., Any]]:
     wrapped for dynamo and export (about 1.3 us of the 2 us a construction costs); eager
     promotions call the C++ part alone. None where DTensor is built differently.
     """
-    from torch.distributed.tensor import DTensor
-
     constructor = getattr(torch.Tensor, "_dtensor__new__", None)
     return constructor if constructor is not None and DTensor.__new__ is constructor else None
 
 
 def dtensor_handles_specially(func: Any) -> bool:
     """Ops DTensor runs its own way: random ops (under its RNG tracker) and custom-handled ops."""
-    from torch.distributed.tensor import DTensor
-
     dispatcher = DTensor._op_dispatcher
     return func in dispatcher._random_ops or func in dispatcher._custom_op_handlers
 
@@ -61,8 +58,6 @@ def propagate_sharding(func: Any, args: Any, kwargs: Any) -> Any:
 
     None when this rank is not part of the call's mesh (DTensor then skips the op).
     """
-    from torch.distributed.tensor import DTensor
-
     dispatcher = DTensor._op_dispatcher
     op_info = dispatcher.unwrap_to_op_info(func, args, kwargs)
     if not op_info.compute_mesh._is_current_rank_part_of_mesh():
@@ -103,8 +98,6 @@ def custom_op_handler(func: Any) -> Optional[Callable[..., Any]]:
     Torch consults these before sharding propagation (e.g. the AMP unscale op, whose handler
     all-reduces ``found_inf``); libraries may add their own at run time, so it is read per call.
     """
-    from torch.distributed.tensor import DTensor
-
     handlers = getattr(getattr(DTensor, "_op_dispatcher", None), "_custom_op_handlers", None)
     return None if handlers is None else handlers.get(func)
 
