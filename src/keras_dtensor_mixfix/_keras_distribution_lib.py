@@ -151,8 +151,14 @@ def _to_backend_mesh(device_mesh: Any) -> Any:
     return found
 
 
-def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str]) -> Tuple[Any, ...]:
-    """Keras layout axes (one per tensor dim) -> DTensor placements (one per mesh dim)."""
+def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str],
+                   mesh_shape: Optional[Sequence[int]] = None) -> Tuple[Any, ...]:
+    """Keras layout axes (one per tensor dim) -> DTensor placements (one per mesh dim).
+
+    A mesh axis of size 1 splits nothing, so its placement is ``Replicate()`` whatever the layout
+    says: the local tensors are the same, and DTensor's sharding propagation stays away from
+    strategies (and shard orders) that only differ on an axis where no data moves.
+    """
     from torch.distributed.tensor import Replicate, Shard
 
     unknown = [a for a in axes if a is not None and a not in mesh_axis_names]
@@ -165,7 +171,8 @@ def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str]
         if len(dims) > 1:
             raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} for tensor "
                              f"dims {dims}; a mesh axis can shard one tensor dim")
-        placements.append(Shard(dims[0]) if dims else Replicate())
+        trivial = mesh_shape is not None and mesh_shape[len(placements)] == 1
+        placements.append(Shard(dims[0]) if dims and not trivial else Replicate())
     return tuple(placements)
 
 

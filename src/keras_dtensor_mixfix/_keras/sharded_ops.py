@@ -59,7 +59,37 @@ def settle_mask_partial(value: Any) -> Any:
     if not any(isinstance(p, Partial) and hasattr(p, "mask_buffer") for p in placements):
         return value
     settled = [Replicate() if isinstance(p, Partial) and hasattr(p, "mask_buffer") else p for p in placements]
-    return value.redistribute(value.device_mesh, settled)
+    return _settle_function().apply(value, tuple(settled))
+
+
+@functools.lru_cache(maxsize=None)  # one class, made on first use: torch is imported lazily here
+def _settle_function() -> Any:
+    import torch
+    from torch.distributed.tensor import Replicate
+
+    class SettleMaskPartial(torch.autograd.Function):
+        """``redistribute`` to ``settled``, whose backward reduces a ``Partial`` gradient first.
+
+        DTensor's own backward of this redistribution takes the gradient to the source's placements
+        with ``Replicate`` for a plain ``Partial`` only: a ``Partial`` gradient (a row-sharded
+        matmul downstream, when the batch axis is trivial) met ``_MaskPartial`` and failed with
+        "Redistribution from one partial type ... is unsupported". The gradient of a sum over ranks
+        is the whole gradient on every rank: ``Replicate`` on those mesh dims.
+        """
+
+        @staticmethod
+        def forward(ctx: Any, value: Any, settled: tuple) -> Any:
+            ctx.masked = [hasattr(p, "mask_buffer") for p in value.placements]
+            return value.redistribute(value.device_mesh, settled)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            wanted = [Replicate() if masked else p for masked, p in zip(ctx.masked, grad.placements)]
+            if list(grad.placements) != wanted:
+                grad = grad.redistribute(grad.device_mesh, wanted)
+            return grad, None
+
+    return SettleMaskPartial
 
 
 def _replicated_slice_update(original: Any) -> Any:
