@@ -180,7 +180,8 @@ def _to_backend_layout(tensor_layout: Any) -> TorchLayout:
     if tensor_layout.device_mesh is None:
         raise ValueError("Cannot create sharding when device mesh is not set for TensorLayout.")
     mesh = tensor_layout.device_mesh.backend_mesh
-    return TorchLayout(mesh, placements_for(tensor_layout.axes, tensor_layout.device_mesh.axis_names))
+    return TorchLayout(mesh, placements_for(tensor_layout.axes, tensor_layout.device_mesh.axis_names,
+                                            tensor_layout.device_mesh.shape))
 
 
 def _resolve(layout: Any) -> TorchLayout:
@@ -254,7 +255,36 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
         distributed = value.detach().redistribute(mesh, placements)
     else:
         distributed = torch_distribute(value.detach(), mesh, list(placements), src_data_rank=0)
-    return torch.nn.Parameter(distributed, requires_grad=trainable)
+    parameter = torch.nn.Parameter(distributed, requires_grad=trainable)
+    lay_out_gradient_like(parameter)
+    return parameter
+
+
+def lay_out_gradient_like(parameter: Any) -> None:
+    """Make ``parameter.grad`` take ``parameter``'s placements as soon as it is accumulated.
+
+    DTensor leaves a gradient with whatever placements backward produced (often ``Partial``); each
+    optimizer kernel reading it then reduces it again. Reduced once here, the optimizer's kernels
+    meet matching placements; the values are the same.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not (isinstance(parameter, DTensor) and isinstance(parameter, torch.nn.Parameter) and parameter.requires_grad):
+        return
+    parameter.register_post_accumulate_grad_hook(_gradient_like_parameter)
+
+
+# Runs inside autograd's engine: under a compiled Keras step TorchDynamo would try (and fail) to
+# trace the redistribution as a frame of its own, every step.
+@torch.compiler.disable
+def _gradient_like_parameter(parameter: Any) -> None:
+    from torch.distributed.tensor import DTensor
+
+    grad = parameter.grad
+    if isinstance(grad, DTensor) and (grad.placements != parameter.placements
+                                      or grad.device_mesh != parameter.device_mesh):
+        parameter.grad = grad.redistribute(parameter.device_mesh, parameter.placements)
 
 
 def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: Optional[str] = None,

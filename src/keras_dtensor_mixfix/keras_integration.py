@@ -30,8 +30,8 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (backend_lib, compile, data, keras_modules, promotion_mode, saving, sharded_ops, values,
-                     variables)
+from ._keras import (backend_lib, compile, data, keras_modules, local_einsum, promotion_mode, reductions, saving,
+                     sharded_ops, values, variables)
 from ._keras.patches import Patches
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -74,7 +74,9 @@ def install() -> bool:
                 added.append("variables: Keras' own layout-aware variables kept")
             else:
                 variables.install(patches)
-                added.append("variables: layouts become DTensor parameters")
+                reductions.install(patches)
+                added.append("variables: layouts become DTensor parameters, their gradients take their layouts; "
+                             "layer outputs and their gradients are never left partial sums")
             if native_lib:
                 added.append("convert_to_numpy: Keras' own kept")
             else:
@@ -88,7 +90,9 @@ def install() -> bool:
             saving.install(patches)
             added.append("saving: rank 0 writes")
             sharded_ops.install(patches, native_attention=native_lib)  # Keras 3.16 runs attention locally itself
-            added.append("ops: take settles masked partials, slice_update replicates sharded inputs"
+            local_einsum.install(patches)
+            added.append("ops: einsum runs on local pieces where shardings line up, take settles masked partials, "
+                         "slice_update replicates sharded inputs"
                          + ("" if native_lib else ", attention runs on local rows and heads"))
             if keras_modules.native_promotion_mode():
                 promotion_mode.install(patches)

@@ -1,0 +1,165 @@
+"""``einsum`` on DTensors computed on each rank's own pieces, when their shardings already line up.
+
+torch's ``einsum`` is not one op for DTensor: it decomposes into permutes, reshapes and ``bmm``.
+Reshaping a head-sharded attention operand merges heads into the batch dim, which DTensor can
+only describe as a strided shard; its sharding propagation then searches redistribution graphs
+(seconds per new shape: most of a 2-rank Gemma model's first step) and may pick a plan that
+gathers. Yet an einsum whose operands are sharded along the same label needs no communication at
+all: each rank contracts its own pieces. Per mesh dim, the result is
+
+- ``Replicate`` when every operand is replicated;
+- ``Shard`` of the output dim of label ``L`` when every operand that has ``L`` is sharded along it
+  (and the others are replicated), or ``Partial`` (sum) when ``L`` is contracted away;
+- ``Partial`` (sum) when exactly one operand is a partial sum and the others are replicated
+  (einsum is linear in each operand).
+
+Anything else (a plain operand, ``...``, a repeated label, a label sharded on several mesh dims,
+strided shards, other partial reductions) goes to DTensor as before. The pieces come out through
+``to_local`` and go back through ``from_local``, both differentiable, so backward is local too;
+the gradient of an operand that was whole where the work was split is a partial sum
+(``gradient_placements``), reduced where it meets the rest of the gradient, as in tensor-parallel
+training.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import keras_modules
+from .patches import Patches, rebind_everywhere
+
+
+def install(patches: Patches) -> None:
+    numpy_module = keras_modules.backend_numpy()
+    rebind_everywhere(patches, numpy_module.einsum, _sharded_einsum(numpy_module.einsum))
+
+
+def _sharded_einsum(original: Any) -> Any:
+    @functools.wraps(original)
+    def einsum(subscripts: Any, *operands: Any, **kwargs: Any) -> Any:
+        local = _local_einsum(original, subscripts, operands, kwargs)
+        return original(subscripts, *operands, **kwargs) if local is None else local
+
+    return einsum
+
+
+def parse(subscripts: str, count: int) -> Optional[Tuple[List[str], str]]:
+    """``(input labels per operand, output labels)``, or None for forms left to DTensor."""
+    text = subscripts.replace(" ", "")
+    if "." in text:
+        return None
+    inputs_text, arrow, output = text.partition("->")
+    inputs = inputs_text.split(",")
+    if len(inputs) != count or not all(label.isalpha() for label in "".join(inputs) + output):
+        return None
+    if any(len(set(labels)) != len(labels) for labels in inputs) or len(set(output)) != len(output):
+        return None  # a repeated label (diagonal, trace)
+    if not arrow:
+        every = "".join(inputs)
+        output = "".join(sorted(label for label in set(every) if every.count(label) == 1))
+    return inputs, output
+
+
+def plan(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]],
+         placements: Sequence[Sequence[Any]]) -> Optional[Tuple[Any, ...]]:
+    """The output placements of an einsum computed on local pieces, or None if it cannot be."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    sizes: dict = {}
+    for labels, shape in zip(inputs, shapes):
+        if len(labels) != len(shape):
+            return None
+        for label, size in zip(labels, shape):
+            sizes.setdefault(label, set()).add(size)
+    result = []
+    sharded_labels: set = set()
+    for mesh_dim in range(len(placements[0])):
+        here = [p[mesh_dim] for p in placements]
+        if any(type(p) not in (Replicate, Shard, Partial) for p in here):
+            return None  # strided shards, masked partials
+        partial = [p for p in here if isinstance(p, Partial)]
+        if partial:
+            if len(partial) != 1 or partial[0].reduce_op != "sum" or any(
+                    not isinstance(p, (Replicate, Partial)) for p in here):
+                return None
+            result.append(Partial("sum"))
+            continue
+        labels_sharded = {labels[p.dim] for labels, p in zip(inputs, here) if isinstance(p, Shard)}
+        if not labels_sharded:
+            result.append(Replicate())
+            continue
+        if len(labels_sharded) != 1:
+            return None
+        (label,) = labels_sharded
+        if label in sharded_labels or len(sizes[label]) != 1:
+            return None  # sharded on several mesh dims, or broadcast against a size-1 dim
+        sharded_labels.add(label)
+        for labels, p in zip(inputs, here):
+            if label in labels and not (isinstance(p, Shard) and labels[p.dim] == label):
+                return None
+        result.append(Shard(output.index(label)) if label in output else Partial("sum"))
+    return tuple(result)
+
+
+def gradient_placements(operand: Sequence[Any], result: Sequence[Any]) -> Tuple[Any, ...]:
+    """Placements of an operand's gradient when the einsum ran on local pieces.
+
+    Where the operand is whole (``Replicate``) but the computation was split along a label it
+    lacks (the result is sharded or a partial sum on that mesh dim), each rank's gradient covers
+    only its part: a partial sum. A sharded operand's gradient is sharded like it; a partial-sum
+    operand's gradient is whole (einsum is linear in it).
+    """
+    from torch.distributed.tensor import Partial, Replicate
+
+    gradient = []
+    for mine, out in zip(operand, result):
+        if isinstance(mine, Replicate):
+            gradient.append(Replicate() if isinstance(out, Replicate) else Partial("sum"))
+        else:
+            gradient.append(Replicate() if isinstance(mine, Partial) else mine)
+    return tuple(gradient)
+
+
+def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwargs: dict) -> Any:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not operands or not isinstance(subscripts, str):
+        return None
+    # Keras variables (a layer's kernel) hold their DTensor as ``value``
+    operands = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
+    if not all(isinstance(o, DTensor) for o in operands):
+        return None
+    mesh = operands[0].device_mesh
+    if any(o.device_mesh != mesh for o in operands[1:]):
+        return None
+    if all(o.dtype == torch.int8 for o in operands):
+        return None  # Keras casts the result itself; left to its own path
+    parsed = parse(subscripts, len(operands))
+    if parsed is None:
+        return None
+    inputs, output = parsed
+    placements = plan(inputs, output, [o.shape for o in operands], [o.placements for o in operands])
+    if placements is None:
+        return None
+    pieces = [o.to_local(grad_placements=gradient_placements(o.placements, placements)) for o in operands]
+    local = original(subscripts, *pieces, **kwargs)
+    sizes: dict = {}
+    for labels, operand in zip(inputs, operands):
+        for label, size in zip(labels, operand.shape):
+            sizes[label] = max(size, sizes.get(label, 1))  # a size-1 dim broadcasts
+    shape = torch.Size(sizes[label] for label in output)
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
+                              stride=_global_stride(local, shape))
+
+
+def _global_stride(local: Any, shape: Any) -> Tuple[int, ...]:
+    """Strides of ``shape`` laid out in the same dim order as ``local`` (einsum may return a view)."""
+    order = sorted(range(len(shape)), key=lambda dim: (local.stride(dim), local.shape[dim]), reverse=True)
+    strides = [0] * len(shape)
+    step = 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(strides)
