@@ -9,11 +9,15 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 pytest_plugins = ["pytester"]
 
 _UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
+_MODEL_FILES = ("test_keras_hub", "test_jax_reference")
+"""Files whose names start so hold real-model tests (keras_hub, JAX references): `pytest -m models`."""
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/)")
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
+    config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/test_keras_hub*.py, "
+                                       "tests/test_jax_reference*.py); they skip without keras_hub or jax")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,3 +27,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         unit = str(item.fspath).startswith(_UNIT_DIR + os.sep)
         item.add_marker(pytest.mark.unit if unit else pytest.mark.ranks)
+        # and the file name which tests need the model packages (CI runs them in their own environment)
+        if os.path.basename(str(item.fspath)).startswith(_MODEL_FILES):
+            item.add_marker(pytest.mark.models)

@@ -45,6 +45,10 @@ TIMEOUT = 300
 SKIPPED = {
     'pip install torch==2.13.0 -e ".[test]"',  # needs the network; then the whole suite (~10 minutes)
     "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
+    # replace Keras with keras-nightly in the environment they run in, then the Keras tests (~6 minutes)
+    "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
+    # installs keras-hub, its tokenizers and jax (the network), then the real-model tests
+    "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
 }
 """The first line of every block that is not run. Adding a skip is a decision: it changes this set too."""
 
@@ -218,6 +222,27 @@ def test_block_runs_as_written(block, tmp_path):
     assert _without_torch_advice(result.stderr) == "", where
     if block.output is not None:
         _check_output(block, result.stdout)
+
+
+CI_RUNS = {
+    'pip install torch==2.13.0 -e ".[test]"',
+    "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
+    "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
+}
+"""The first line of every skipped block whose commands ``.ci/run`` runs (each in its own environment)."""
+
+
+def test_ci_runs_the_commands_the_readme_gives():
+    # a subshell's closing parenthesis is not part of its last command
+    ci_lines = [line.strip().rstrip(")") for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    blocks = [block for block in BLOCKS if block.marker == "skip" and block.first_line in CI_RUNS]
+    assert {block.first_line for block in blocks} == CI_RUNS
+    for block in blocks:
+        commands = [line.strip() for line in block.code.splitlines() if line.strip() and not line.startswith("#")]
+        assert commands, block.line
+        for command in commands:  # a line of .ci/run, or its end (`.venv-ci/bin/pip install ...`, `... && lint-imports`)
+            assert any(line == command or line.endswith(" " + command) or line.endswith("/" + command)
+                       for line in ci_lines), f"README line {block.line}: .ci/run does not run {command!r}"
 
 
 def test_blocks_that_show_a_file_show_it_exactly():
