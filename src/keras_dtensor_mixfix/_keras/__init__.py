@@ -10,4 +10,7 @@
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
 - :mod:`.saving`: rank 0 writes;
 - :mod:`.sharded_ops`: ``take``, ``slice_update`` and attention where DTensor cannot run Keras' version.
+- :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
+- :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out
+  like their parameters.
 """
