@@ -1,0 +1,319 @@
+"""A sharded Keras train step on torch, beside one process and beside JAX, and where its time goes.
+
+    python benchmarks/keras_model_step.py                  # both models, every variant (~4 min)
+    python benchmarks/keras_model_step.py --models mlp --no-breakdown
+
+Models (tiny, random, fixed data, Keras' default ``jit_compile`` unless a row says otherwise):
+
+- ``gemma``: keras_hub ``GemmaCausalLM`` (vocabulary 1000, 2 layers, hidden 64, 4 heads of 16,
+  feed-forward 128), Adam, 8 sequences of 32 tokens, sharded by ``GemmaBackbone.get_layout_map``
+  (needs keras_hub: ``pip install --no-deps keras-hub==0.32.0 tokenizers sentencepiece`` and
+  ``pip install regex kagglehub``);
+- ``mlp``: 2 blocks of Dense 256→1024 (relu, column-sharded) → Dense 1024→256 (row-sharded) →
+  LayerNorm, AdamW, batch 64.
+
+Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on 2
+gloo ranks under ``ModelParallel`` on a (1, 2) ("batch", "model") mesh with this package (eager,
+``jit_compile=True``); JAX on 2 virtual CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=2``,
+same layout map; skipped when jax is not installed). Every torch process runs one intra-op thread.
+Figures: the first step (tracing and compiling included) and the median of steps 3–11; on 2 ranks a
+step ends when the slower rank ends. The breakdown profiles 5 more eager steps on rank 0 with
+cProfile (its shares, scaled to the unprofiled step time) and counts one step's collectives and
+their bytes with a dispatch mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+os.environ["KERAS_DTENSOR_MIXFIX"] = "0"  # the benchmark installs what it measures explicitly
+
+STEPS = 12
+GEMMA = dict(vocabulary_size=1000, num_layers=2, num_query_heads=4, num_key_value_heads=4, hidden_dim=64,
+             intermediate_dim=128, head_dim=16)
+P8_TARGET, P9_TARGET = 2.0, 0.7
+
+
+# ----------------------------------------------------------------------------- the models
+
+
+def _layout_map(name: str, mesh: Any) -> Any:
+    import keras
+
+    if name == "gemma":
+        import keras_hub
+
+        return keras_hub.models.GemmaBackbone.get_layout_map(mesh)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*up./kernel"] = (None, "model")
+    layout_map[".*up./bias"] = ("model",)
+    layout_map[".*down./kernel"] = ("model", None)
+    return layout_map
+
+
+def build(name: str, jit: bool, distributed: bool) -> Any:
+    """``(model, inputs, targets)``; under ModelParallel on a (1, devices) mesh when ``distributed``."""
+    import keras
+    import numpy as np
+
+    if distributed:
+        devices = keras.distribution.list_devices()
+        mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+        keras.distribution.set_distribution(
+            keras.distribution.ModelParallel(layout_map=_layout_map(name, mesh), batch_dim_name="batch"))
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    if name == "gemma":
+        import keras_hub
+
+        backbone = keras_hub.models.GemmaBackbone(**GEMMA)
+        model = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+        ids = rng.integers(1, GEMMA["vocabulary_size"], size=(8, 32)).astype("int32")
+        return model, {"token_ids": ids, "padding_mask": np.ones(ids.shape, bool)}, ids
+    layers: List[Any] = [keras.Input((256,))]
+    for block in range(2):
+        layers += [keras.layers.Dense(1024, activation="relu", name=f"up{block}"),
+                   keras.layers.Dense(256, name=f"down{block}"), keras.layers.LayerNormalization(name=f"norm{block}")]
+    model = keras.Sequential(layers, name="mlp")
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse", jit_compile=jit)
+    return model, rng.normal(size=(64, 256)).astype("float32"), rng.normal(size=(64, 256)).astype("float32")
+
+
+def _timed_steps(model: Any, x: Any, y: Any, barrier: Any) -> Dict[str, Any]:
+    start = time.perf_counter()
+    model.train_on_batch(x, y)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(STEPS - 1):
+        barrier()
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append((time.perf_counter() - start) * 1e3)
+    return {"first_s": first, "steps_ms": times[1:]}  # steps 3..STEPS
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def torch_single(name: str, jit: bool) -> Dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    model, x, y = build(name, jit, distributed=False)
+    return _timed_steps(model, x, y, lambda: None)
+
+
+def torch_ranks(name: str, jit: bool, breakdown: bool) -> Dict[str, Any]:
+    """On each rank: the step times; on rank 0 with ``breakdown``, where an eager step's time goes."""
+    import torch
+    import torch.distributed as dist
+
+    from keras_dtensor_mixfix import keras_integration, reset_stats, stats
+
+    torch.set_num_threads(1)
+    keras_integration.install()
+    model, x, y = build(name, jit, distributed=True)
+    result = _timed_steps(model, x, y, dist.barrier)
+    if breakdown:
+        reset_stats()
+        result["profile"] = _profile_shares(model, x, y, steps=5)
+        result["promotions_per_step"] = sum(n for kinds in stats().values() for n in kinds.values()) / 5
+        result["comms"] = _collectives(model, x, y)
+    return result
+
+
+def jax_devices(name: str) -> Dict[str, Any]:
+    """Run in a subprocess with KERAS_BACKEND=jax and 2 virtual devices."""
+    model, x, y = build(name, jit=True, distributed=True)
+    return _timed_steps(model, x, y, lambda: None)
+
+
+# ----------------------------------------------------------------------------- breakdown
+
+BUCKETS = (
+    ("the package's promotion and Keras integration", ("keras_dtensor_mixfix",)),
+    ("Keras / keras_hub Python", ("/keras/", "/keras_hub/")),
+    ("DTensor sharding propagation", ("tensor/_sharding_prop.py", "tensor/_ops/", "tensor/_op_schema.py")),
+    ("DTensor redistribution (Python)", ("tensor/_redistribute.py", "tensor/_collective_utils.py",
+                                         "distributed/_functional_collectives.py", "distributed/tensor/placement")),
+    ("DTensor dispatch and wrapping", ("torch/distributed/tensor/",)),
+)
+
+
+def _bucket(filename: str, function: str) -> str:
+    if filename == "~":  # a built-in: kernels, autograd engine, collectives
+        if "_c10d_functional" in function or "wait_tensor" in function:
+            return "collectives (gloo, incl. waiting for the other rank)"
+        return "local kernels, autograd engine and other C++"
+    for bucket, needles in BUCKETS:
+        if any(needle in filename for needle in needles):
+            return bucket
+    return "other Python (torch.nn, autograd glue, pytree, ...)"
+
+
+def _profile_shares(model: Any, x: Any, y: Any, steps: int) -> Dict[str, float]:
+    import cProfile
+    import pstats
+
+    import torch.distributed as dist
+
+    profile = cProfile.Profile()
+    dist.barrier()
+    profile.enable()
+    for _ in range(steps):
+        model.train_on_batch(x, y)
+    profile.disable()
+    shares: Dict[str, float] = {}
+    for (filename, _, function), row in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        bucket = _bucket(filename, function)
+        shares[bucket] = shares.get(bucket, 0.0) + row[2]  # tottime
+    total = sum(shares.values())
+    return {bucket: value / total for bucket, value in shares.items()}
+
+
+def _collectives(model: Any, x: Any, y: Any) -> Dict[str, Any]:
+    """One step's collectives: count and bytes (each call's local input) per kind.
+
+    A dispatch mode of our own rather than ``CommDebugMode``: its module tracker fails inside
+    Keras' nested layers (``IndexError`` in ``ModuleTracker``, torch 2.13).
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Dict[str, int] = {}
+    sizes: Dict[str, int] = {}
+
+    class CountCollectives(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented  # let DTensor run first and desugar into collectives on local tensors
+            name = func._overloadpacket.__name__
+            if func.namespace == "_c10d_functional" and name.startswith(("all_", "reduce_", "broadcast")):
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+                counts[name] = counts.get(name, 0) + 1
+                sizes[name] = sizes.get(name, 0) + sum(t.numel() * t.element_size() for t in tensors)
+            return func(*args, **(kwargs or {}))
+
+    with CountCollectives():
+        model.train_on_batch(x, y)
+    return {"total": sum(counts.values()), "counts": counts, "bytes": sizes}
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _in_subprocess(kind: str, name: str, jit: bool, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, name, str(int(jit))]
+    done = subprocess.run(command, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} {name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _worker(kind: str, name: str, jit: bool) -> None:
+    result = jax_devices(name) if kind == "jax" else torch_single(name, jit)
+    print(json.dumps(result))
+
+
+def _jax_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jax") is not None
+
+
+def measure(name: str, breakdown: bool) -> Dict[str, Any]:
+    from keras_dtensor_mixfix.testing import run_on_ranks
+
+    rows: Dict[str, Any] = {}
+    rows["torch, 1 process, eager"] = _in_subprocess("torch", name, False)
+    rows["torch, 1 process, jit_compile"] = _in_subprocess("torch", name, True)
+    for jit in (False, True):
+        per_rank = run_on_ranks(torch_ranks, name, jit, breakdown and not jit, world_size=2, timeout=1800)
+        merged = dict(per_rank[0])
+        merged["steps_ms"] = [max(a, b) for a, b in zip(per_rank[0]["steps_ms"], per_rank[1]["steps_ms"])]
+        merged["first_s"] = max(r["first_s"] for r in per_rank)
+        rows[f"torch, 2 ranks ModelParallel + package, {'jit_compile' if jit else 'eager'}"] = merged
+    if _jax_available():
+        rows["JAX, 2 virtual CPU devices, jit"] = _in_subprocess(
+            "jax", name, True, {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                                "JAX_PLATFORMS": "cpu"})
+    return rows
+
+
+def report(name: str, rows: Dict[str, Any]) -> None:
+    print(f"\n### {name}\n")
+    print("| variant | first step | step, median of 3–11 | min |")
+    print("|---|---|---|---|")
+    for variant, row in rows.items():
+        steps = row["steps_ms"]
+        print(f"| {variant} | {row['first_s']:.2f} s | {statistics.median(steps):.1f} ms | {min(steps):.1f} ms |")
+    median = {variant: statistics.median(row["steps_ms"]) for variant, row in rows.items()}
+    eager = median["torch, 2 ranks ModelParallel + package, eager"]
+    jit = median["torch, 2 ranks ModelParallel + package, jit_compile"]
+    best = min(eager, jit)
+    print()
+    jax = median.get("JAX, 2 virtual CPU devices, jit")
+    if jax is not None:
+        ratio = best / jax
+        print(f"- P8 2-rank step (best of eager/jit) ÷ JAX: {ratio:.2f} (target ≤ {P8_TARGET}: "
+              f"{'PASS' if ratio <= P8_TARGET else 'MISS'}); eager ÷ JAX {eager / jax:.2f}")
+        first = rows["torch, 2 ranks ModelParallel + package, eager"]["first_s"]
+        jax_first = rows["JAX, 2 virtual CPU devices, jit"]["first_s"]
+        print(f"- first step, 2-rank eager ÷ JAX: {first / jax_first:.2f} (target ≤ 1: "
+              f"{'PASS' if first <= jax_first else 'MISS'})")
+    else:
+        print("- JAX not installed: no P8 ratio (pip install \"jax[cpu]\")")
+    print(f"- P9 2-rank jit_compile ÷ eager: {jit / eager:.2f} (target ≤ {P9_TARGET}: "
+          f"{'PASS' if jit / eager <= P9_TARGET else 'MISS'})")
+    print(f"- 2-rank eager ÷ 1-process eager: {eager / median['torch, 1 process, eager']:.2f}")
+    ranked = rows["torch, 2 ranks ModelParallel + package, eager"]
+    if "profile" in ranked:
+        print(f"\nWhere an eager 2-rank step's {eager:.1f} ms go (rank 0, cProfile shares scaled to the step):\n")
+        print("| part | ms | share |")
+        print("|---|---|---|")
+        for bucket, share in sorted(ranked["profile"].items(), key=lambda item: -item[1]):
+            print(f"| {bucket} | {share * eager:.1f} | {share:.0%} |")
+        comms = ranked["comms"]
+        kinds = ", ".join(f"{kind} {n} ({comms['bytes'].get(kind, 0) / 1024:.0f} KiB)"
+                          for kind, n in sorted(comms["counts"].items()))
+        print(f"\nCollectives per step (rank 0): {comms['total']}: {kinds or 'none'}; "
+              f"mixed operands promoted by the package per step: {ranked['promotions_per_step']:g}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gemma,mlp")
+    parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker[0], args.worker[1], bool(int(args.worker[2])))
+        return 0
+    from keras_dtensor_mixfix.testing import shutdown_workers
+
+    import torch
+
+    print(f"torch {torch.__version__}, 2 gloo ranks on 127.0.0.1; load average at start "
+          f"{os.getloadavg()[0]:.1f}")
+    try:
+        for name in args.models.split(","):
+            report(name, measure(name, breakdown=not args.no_breakdown))
+    finally:
+        shutdown_workers()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
