@@ -125,8 +125,8 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     import torch
     from torch.distributed.tensor import DTensor
 
-    if not operands or not isinstance(subscripts, str):
-        return None
+    if not operands or not isinstance(subscripts, str) or torch.compiler.is_compiling():
+        return None  # while compiling, DTensor's own einsum is traced (a traced from_local failed, torch 2.13)
     # Keras variables (a layer's kernel) hold their DTensor as ``value``
     operands = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
     if not all(isinstance(o, DTensor) for o in operands):

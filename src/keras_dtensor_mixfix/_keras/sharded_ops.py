@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from .._torch.api import is_masked_partial
 from . import keras_modules
 from .patches import Patches, rebind_everywhere
 
@@ -50,15 +51,13 @@ def _settled_take(original: Any) -> Any:
 def settle_mask_partial(value: Any) -> Any:
     """A DTensor with a ``_MaskPartial`` placement, reduced on those mesh dims; anything else as is."""
     from torch.distributed.tensor import DTensor, Replicate
-    from torch.distributed.tensor.placement_types import Partial
 
     if not isinstance(value, DTensor):
         return value
     placements = value.placements
-    # _MaskPartial is private; it is the only Partial subclass that carries a mask buffer
-    if not any(isinstance(p, Partial) and hasattr(p, "mask_buffer") for p in placements):
+    if not any(is_masked_partial(p) for p in placements):
         return value
-    settled = [Replicate() if isinstance(p, Partial) and hasattr(p, "mask_buffer") else p for p in placements]
+    settled = [Replicate() if is_masked_partial(p) else p for p in placements]
     return _settle_function().apply(value, tuple(settled))
 
 
@@ -79,7 +78,7 @@ def _settle_function() -> Any:
 
         @staticmethod
         def forward(ctx: Any, value: Any, settled: tuple) -> Any:
-            ctx.masked = [hasattr(p, "mask_buffer") for p in value.placements]
+            ctx.masked = [is_masked_partial(p) for p in value.placements]
             return value.redistribute(value.device_mesh, settled)
 
         @staticmethod

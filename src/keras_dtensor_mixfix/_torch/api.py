@@ -21,7 +21,7 @@ __all__ = [
     "dtensor_fast_constructor", "dtensor_handles_specially", "propagate_sharding", "all_op_qualnames", "op_schema",
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
     "clear_sharding_cache", "dispatch_rule_holder", "registration_handle", "is_traced", "current_compile_id",
-    "CompiledPromotions", "compiled_promotions",
+    "CompiledPromotions", "compiled_promotions", "is_masked_partial",
 ]
 
 # --------------------------------------------------------------------------- DTensor internals
@@ -34,6 +34,17 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta  # noqa: E402
 from torch.distributed.tensor._redistribute import redistribute_local_tensor  # noqa: E402
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
+
+try:  # the placement of a vocabulary-sharded embedding lookup's result; private, in placement_types on 2.13-2.15
+    from torch.distributed.tensor.placement_types import _MaskPartial  # noqa: E402
+except ImportError:  # pragma: no cover - a torch without it has no masked partial results to settle
+    _MaskPartial = ()  # type: ignore[assignment,misc]
+
+
+def is_masked_partial(placement: Any) -> bool:
+    """Whether ``placement`` is DTensor's ``_MaskPartial`` (an isinstance check TorchDynamo can trace,
+    unlike reading its ``mask_buffer``)."""
+    return isinstance(placement, _MaskPartial)
 
 
 def dtensor_fast_constructor() -> Optional[Callable[..., Any]]:
