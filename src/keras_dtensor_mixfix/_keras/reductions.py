@@ -56,19 +56,35 @@ def install(patches: Patches) -> None:
 
 def settle_partial_sums(value: Any) -> Any:
     """``value`` with no ``Partial`` placement in forward, nor in the gradient it receives."""
-    from torch.distributed.tensor import DTensor
-
     import torch
+    from torch.distributed.tensor import DTensor
 
     if not isinstance(value, DTensor):
         return value
-    if value.requires_grad and torch.is_grad_enabled():
-        # a nested layer's output is settled already (grad_fn cannot be read while compiling;
-        # a second boundary there only costs a node)
-        if not torch.compiler.is_compiling() and type(value.grad_fn).__name__ == _boundary.backward_node_name:
-            return value
+    if not (value.requires_grad and torch.is_grad_enabled()):
+        return _reduced(value)
+    if torch.compiler.is_compiling():
+        # traced into the graph: a Function (a tensor hook on an intermediate would break the graph)
         return _boundary.apply(value)
-    return _reduced(value)
+    if getattr(value, _SETTLED, False):  # a nested layer's output, settled already
+        return value
+    # Eager: DTensor's own differentiable reduction (its backward keeps a whole gradient whole) and a
+    # hook that reduces a partial-sum gradient. The output stays an ordinary tensor: layers may
+    # modify it in place (a custom Function's pass-through output is a view, which autograd forbids
+    # to modify in place, e.g. Qwen MoE's ``shared_expert_output *= ...``).
+    settled = _reduced(value)
+    settled.register_hook(_reduced_gradient)
+    setattr(settled, _SETTLED, True)
+    return settled
+
+
+_SETTLED = "_keras_dtensor_mixfix_settled"
+
+
+def _reduced_gradient(grad: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return _reduced(grad) if isinstance(grad, DTensor) else grad
 
 
 def _reduced(value: Any) -> Any:
@@ -87,14 +103,14 @@ def _boundary_function() -> Any:
     import torch
 
     class LayerOutputBoundary(torch.autograd.Function):
-        """Identity on values; ``Partial`` reduced in forward (the output) and backward (its gradient)."""
-
-        backward_node_name = "LayerOutputBoundaryBackward"
+        """Identity on values; ``Partial`` reduced in forward (the output) and backward (its gradient).
+        Used while compiling, where it is traced into the graph."""
 
         @staticmethod
         def forward(ctx: Any, value: Any) -> Any:
             reduced = _reduced(value)
-            return reduced.view_as(reduced) if reduced is value else reduced
+            # a copy, not a view: a view returned by a Function may not be modified in place
+            return reduced.clone() if reduced is value else reduced
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
