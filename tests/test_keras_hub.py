@@ -61,14 +61,14 @@ def _batch():
     return ids, mask, prompt_mask
 
 
-def _causal_lm(name):
+def _causal_lm(name, optimizer="adam"):
     import keras
 
     backbone_name, lm_name, config = MODELS[name]
     keras.utils.set_random_seed(0)
     backbone = getattr(keras_hub.models, backbone_name)(**config)
     lm = getattr(keras_hub.models, lm_name)(backbone=backbone, preprocessor=None)
-    lm.compile(optimizer=keras.optimizers.Adam(0.01),
+    lm.compile(optimizer=keras.optimizers.Adam(0.01) if optimizer == "adam" else keras.optimizers.SGD(0.5),
                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), sampler="greedy")
     return lm
 
@@ -120,7 +120,7 @@ def _distribution(name, mode):
     return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
 
 
-def distributed_case(name, mode):
+def distributed_case(name, mode, optimizer="adam"):
     """One model under one distribution on this rank: ``_run``'s values and the weights' placements."""
     import keras
     from torch.distributed.tensor import DTensor
@@ -128,7 +128,7 @@ def distributed_case(name, mode):
     start = time.monotonic()
     try:
         keras.distribution.set_distribution(_distribution(name, mode))
-        lm = _causal_lm(name)
+        lm = _causal_lm(name, optimizer)
         out = _run(lm)
         out["placements"] = {v.path: tuple(str(p) for p in v.value.placements) if isinstance(v.value, DTensor)
                              else None for v in lm.weights}
@@ -140,7 +140,7 @@ def distributed_case(name, mode):
 
 
 def distributed_cases(cases):
-    """Every ``(name, mode)`` in turn; a case that raises gives its traceback and the next one runs."""
+    """Every ``(name, mode[, optimizer])`` in turn; a case that raises gives its traceback and the next one runs."""
     from keras_dtensor_mixfix import keras_integration
 
     assert keras_integration.install()
