@@ -28,7 +28,7 @@ from keras_dtensor_mixfix.testing import run_on_ranks
 # ImportError too: keras_hub 0.32 does not import on keras-nightly 3.16 (no keras.src.backend.get_keras_mask)
 keras_hub = pytest.importorskip(
     "keras_hub", reason="needs keras_hub (pip install --no-deps keras-hub==0.32.0 tokenizers sentencepiece; "
-                        "pip install regex kagglehub) on a Keras it supports (3.15.1)", exc_type=ImportError)
+                        "pip install regex kagglehub grain) on a Keras it supports (3.15.1)", exc_type=ImportError)
 
 # The smallest configs whose sharded dims divide by 4: vocabulary 64, hidden 16, 4 query heads,
 # intermediate 32. Gemma shards its key/value kernels on the heads axis, so it keeps 4 of them;
@@ -183,7 +183,8 @@ def test_causal_lm_equals_single_process(name, mode, world_size):
         assert not isinstance(out, str), f"rank {rank}:\n{out}"
     out = per_rank[0]
     placements = out["placements"]
-    sharded = sorted(path for path, p in placements.items() if p and any(s.startswith("S(") for s in p))
+    # sharded along the "model" mesh axis (the last one; the "batch" axis has size 1)
+    sharded = sorted(path for path, p in placements.items() if p and p[-1].startswith("S("))
     if mode == "model_parallel":
         assert any("embeddings" in path for path in sharded), sharded  # vocabulary-sharded table
         # attention and feed-forward kernels of every block
@@ -221,7 +222,7 @@ def test_causal_lm_equals_single_process(name, mode, world_size):
 def test_fit_and_predict_go_through_keras_hub_input_pipeline():
     pytest.importorskip("grain", reason="keras_hub 0.32 batches NumPy inputs of fit/predict with grain (or "
                                         "tensorflow); without it the tests above call keras.Model.fit/predict")
-    for world_size in WORLD_SIZES:
-        for results in _distributed(world_size):
-            for case, out in results.items():
-                assert isinstance(out, str) or out["pipeline"] == "grain", case
+    assert _reference("gemma")["pipeline"] == "grain"
+    for results in _distributed(2):  # the cases compare their pipeline with the reference's
+        for case, out in results.items():
+            assert isinstance(out, str) or out["pipeline"] == "grain", case
