@@ -43,8 +43,9 @@ def install(patches: Patches, native_attention: bool) -> None:
     core = keras_modules.core()
     rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take))
     for name in SETTLED_REDUCTIONS:
-        original = getattr(numpy_module, name)
-        rebind_everywhere(patches, original, _settled_reduction(original))
+        original = getattr(numpy_module, name, None)
+        if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
+            rebind_everywhere(patches, original, _settled_reduction(original))
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
     if not native_attention:
         nn = keras_modules.backend_nn()
