@@ -1,11 +1,23 @@
-"""keras_hub causal LMs (tiny random configs) under ModelParallel on 2 gloo ranks, against one process.
+"""keras_hub causal LMs (tiny random configs) on 2 and 4 gloo ranks, against one process.
 
-Each model is sharded with its backbone's own ``get_layout_map(mesh)`` on a (1, 2) ("batch",
-"model") mesh; ``train_on_batch`` (losses, metrics and the trained weights), ``predict_on_batch``
-and greedy ``generate()`` must equal the same model trained and run in a single process.
+Gemma, Llama3, Qwen and Qwen MoE, each under
+
+- ``ModelParallel`` with its backbone's own ``get_layout_map(mesh)`` on a (1, N) ("batch",
+  "model") mesh (every kind of weight the map names is sharded, the vocabulary too), and
+- ``DataParallel()`` (replicated weights, the batch split over the N ranks),
+
+run ``fit`` (two epochs of one batch), one ``train_on_batch``, ``predict`` and greedy
+``generate()`` on prompts of different lengths. Losses, metrics, the trained weights
+(``get_weights``), the predictions and the generated tokens must equal the same model run in a
+single process built with the same seed (the same initial weights, checked; float32, rtol 1e-5).
+
+The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
+each case is checked by its own test.
 """
 
 from __future__ import annotations
+
+import traceback
 
 import numpy as np
 import pytest
@@ -15,89 +27,199 @@ from keras_dtensor_mixfix.testing import run_on_ranks
 # ImportError too: keras_hub 0.32 does not import on keras-nightly 3.16 (no keras.src.backend.get_keras_mask)
 keras_hub = pytest.importorskip(
     "keras_hub", reason="needs keras_hub (pip install --no-deps keras-hub==0.32.0 tokenizers sentencepiece; "
-                        "pip install regex kagglehub) on a Keras it supports (3.15.1)", exc_type=ImportError)
+                        "pip install regex kagglehub grain) on a Keras it supports (3.15.1)", exc_type=ImportError)
 
-TINY = dict(vocabulary_size=64, num_layers=2, num_query_heads=2, num_key_value_heads=2, hidden_dim=16,
+# The smallest configs whose sharded dims divide by 4: vocabulary 64, hidden 16, 4 query heads,
+# intermediate 32. Gemma shards its key/value kernels on the heads axis, so it keeps 4 of them;
+# Llama3 and Qwen shard theirs on the hidden axis and use grouped-query attention (2 key/value heads).
+TINY = dict(vocabulary_size=64, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=16,
             intermediate_dim=32)
 MODELS = {
-    "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(TINY, head_dim=8)),
+    "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(TINY, num_key_value_heads=4, head_dim=8)),
     "llama3": ("Llama3Backbone", "Llama3CausalLM", TINY),
     "qwen": ("QwenBackbone", "QwenCausalLM", TINY),
+    # every layer sparse (4 experts, top 2) beside a shared expert that the layout map shards
+    "qwen_moe": ("QwenMoeBackbone", "QwenMoeCausalLM",
+                 dict(TINY, moe_intermediate_dim=8, shared_expert_intermediate_dim=32, num_experts=4, top_k=2)),
 }
+MODES = ("model_parallel", "data_parallel")
+WORLD_SIZES = (2, 4)
+# kernels per block that get_layout_map shards: query, key, value, attention output and three
+# feed-forward kernels; Qwen MoE's map also matches its router ("sparse_feedforward_gate_dense")
+SHARDED_PER_BLOCK = dict(gemma=7, llama3=7, qwen=7, qwen_moe=8)
+PROMPT_LENGTHS = (3, 5, 2, 4)  # generate() fills each row from its own length up to 8
 
 
 def _batch():
     rng = np.random.default_rng(0)
-    ids = rng.integers(1, 64, size=(2, 8)).astype("int32")
-    mask = np.ones((2, 8), bool)
+    ids = rng.integers(1, 64, size=(4, 8)).astype("int32")
+    mask = np.ones((4, 8), bool)
     mask[1, 6:] = False
-    prompt_mask = mask.copy()
-    prompt_mask[:, 4:] = False  # generate() fills positions 4..7
+    mask[3, 5:] = False
+    prompt_mask = np.arange(8)[None, :] < np.asarray(PROMPT_LENGTHS)[:, None]
     return ids, mask, prompt_mask
 
 
-def _causal_lm(name):
+def _causal_lm(name, optimizer="adam"):
     import keras
 
     backbone_name, lm_name, config = MODELS[name]
     keras.utils.set_random_seed(0)
     backbone = getattr(keras_hub.models, backbone_name)(**config)
     lm = getattr(keras_hub.models, lm_name)(backbone=backbone, preprocessor=None)
-    lm.compile(optimizer=keras.optimizers.Adam(0.01),
+    lm.compile(optimizer=keras.optimizers.Adam(0.01) if optimizer == "adam" else keras.optimizers.SGD(0.5),
                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), sampler="greedy")
     return lm
 
 
+def _pipeline():
+    try:
+        import grain  # noqa: F401
+    except ImportError:
+        return "keras"
+    return "grain"
+
+
+def _through(lm, method):
+    """keras_hub's own ``fit``/``predict`` (NumPy inputs batched by grain), or without grain Keras'
+    own: the same steps, since with ``preprocessor=None`` keras_hub only batches the arrays."""
+    import keras
+
+    if _pipeline() == "grain":
+        return getattr(lm, method)
+    return getattr(keras.Model, method).__get__(lm)
+
+
 def _run(lm, initial=None):
+    """fit (2 epochs of one batch), train_on_batch, predict and generate; every value global NumPy."""
     if initial is not None:
         lm.set_weights(initial)
     ids, mask, prompt_mask = _batch()
     x = {"token_ids": ids, "padding_mask": mask}
-    out = {"initial": lm.get_weights()}
-    out["logs"] = [np.atleast_1d(np.asarray(lm.train_on_batch(x, ids, sample_weight=mask.astype("float32")),
-                                            dtype="float64")) for _ in range(2)]
+    weights = mask.astype("float32")
+    out = {"initial": lm.get_weights(), "pipeline": _pipeline()}
+    history = _through(lm, "fit")(x, ids, sample_weight=weights, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    out["history"] = {key: np.asarray(values, "float64") for key, values in history.history.items()}
+    out["logs"] = np.atleast_1d(np.asarray(lm.train_on_batch(x, ids, sample_weight=weights), "float64"))
     out["trained"] = lm.get_weights()
-    out["predicted"] = np.asarray(lm.predict_on_batch(x))
+    out["predicted"] = np.asarray(_through(lm, "predict")(x, batch_size=4, verbose=0))
     generated = lm.generate({"token_ids": ids * prompt_mask, "padding_mask": prompt_mask}, stop_token_ids=None)
     out["generated"] = np.asarray(generated["token_ids"])
     return out
 
 
-def sharded_causal_lm(name):
+def _distribution(name, mode):
     import keras
-    from torch.distributed.tensor import DTensor, Shard
 
-    from keras_dtensor_mixfix import keras_integration
+    devices = keras.distribution.list_devices()
+    if mode == "data_parallel":
+        return keras.distribution.DataParallel()
+    mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+    layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
 
-    assert keras_integration.install()
+
+def distributed_case(name, mode, optimizer="adam"):
+    """One model under one distribution on this rank: ``_run``'s values and the weights' placements."""
+    import keras
+    from torch.distributed.tensor import DTensor
+
     try:
-        devices = keras.distribution.list_devices()
-        mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
-        layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
-        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
-                                                                             batch_dim_name="batch"))
-        lm = _causal_lm(name)
+        keras.distribution.set_distribution(_distribution(name, mode))
+        lm = _causal_lm(name, optimizer)
         out = _run(lm)
-        out["sharded"] = sorted(v.path for v in lm.weights if isinstance(v.value, DTensor)
-                                and any(isinstance(p, Shard) for p in v.value.placements))
+        out["placements"] = {v.path: tuple(str(p) for p in v.value.placements) if isinstance(v.value, DTensor)
+                             else None for v in lm.weights}
     finally:
         keras.distribution.set_distribution(None)
-        keras_integration.uninstall()
         keras.backend.clear_session()
     return out
 
 
+def distributed_cases(cases):
+    """Every ``(name, mode[, optimizer])`` in turn; a case that raises gives its traceback and the next one runs."""
+    from keras_dtensor_mixfix import keras_integration
+
+    assert keras_integration.install()
+    results = {}
+    try:
+        for case in cases:
+            try:
+                results[case] = distributed_case(*case)
+            except Exception:
+                results[case] = traceback.format_exc()
+    finally:
+        keras_integration.uninstall()
+    return results
+
+
+_per_world_size = {}
+_references = {}
+
+
+def _distributed(world_size):
+    if world_size not in _per_world_size:
+        cases = [(name, mode) for name in MODELS for mode in MODES]
+        _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=900)
+    return _per_world_size[world_size]
+
+
+def _reference(name):
+    """The single-process run, built with the same seed as the distributed ones."""
+    if name not in _references:
+        _references[name] = _run(_causal_lm(name))
+    return _references[name]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_parallel_causal_lm_equals_single_process(name):
-    per_rank = run_on_ranks(sharded_causal_lm, name, world_size=2, timeout=900)
+def test_causal_lm_equals_single_process(name, mode, world_size):
+    per_rank = [results[(name, mode)] for results in _distributed(world_size)]
+    for rank, out in enumerate(per_rank):
+        assert not isinstance(out, str), f"rank {rank}:\n{out}"
     out = per_rank[0]
-    assert any("embeddings" in path for path in out["sharded"]), out["sharded"]  # vocabulary-sharded table
-    assert any("decoder" in path or "transformer" in path for path in out["sharded"]), out["sharded"]
-    reference = _run(_causal_lm(name), initial=out["initial"])
-    for got, want in zip(out["logs"], reference["logs"]):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for got, want in zip(out["trained"], reference["trained"]):
+    placements = out["placements"]
+    # sharded along the "model" mesh axis (the last one; the "batch" axis has size 1)
+    sharded = sorted(path for path, p in placements.items() if p and p[-1].startswith("S("))
+    if mode == "model_parallel":
+        assert any("embeddings" in path for path in sharded), sharded  # vocabulary-sharded table
+        # attention and feed-forward kernels of every block
+        for part in ("query", "key", "value", "attention_output"):
+            assert sum(part == path.split("/")[-2] for path in sharded) == MODELS[name][2]["num_layers"], (part, sharded)
+        assert len(sharded) == 1 + MODELS[name][2]["num_layers"] * SHARDED_PER_BLOCK[name], sharded
+    else:
+        assert not sharded and all(p == ("R",) for p in placements.values()), placements
+    reference = _reference(name)
+    # the same seed gives the same initial weights, sharded or not
+    assert len(out["initial"]) == len(reference["initial"])
+    for got, want in zip(out["initial"], reference["initial"]):
+        np.testing.assert_array_equal(got, want)
+    assert sorted(out["history"]) == sorted(reference["history"]) and len(out["history"]["loss"]) == 2
+    for key, want in reference["history"].items():
+        np.testing.assert_allclose(out["history"][key], want, rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(out["logs"], reference["logs"], rtol=1e-5, atol=1e-6)
+    assert len(out["trained"]) == len(reference["trained"])
+    for got, want, before in zip(out["trained"], reference["trained"], out["initial"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not all(np.array_equal(got, before) for got, before in zip(out["trained"], out["initial"]))
     np.testing.assert_allclose(out["predicted"], reference["predicted"], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(out["generated"], reference["generated"])
-    np.testing.assert_array_equal(per_rank[1]["generated"], out["generated"])  # every rank holds the tokens
+    assert out["pipeline"] == reference["pipeline"]
+    prompts = _batch()[0] * _batch()[2]
+    for row, length in enumerate(PROMPT_LENGTHS):  # the prompt kept, the rest generated
+        np.testing.assert_array_equal(out["generated"][row, :length], prompts[row, :length])
+    for other in per_rank[1:]:  # every rank holds the same global values
+        np.testing.assert_array_equal(other["generated"], out["generated"])
+        np.testing.assert_array_equal(other["predicted"], out["predicted"])
+        for got, want in zip(other["trained"], out["trained"]):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_fit_and_predict_go_through_keras_hub_input_pipeline():
+    pytest.importorskip("grain", reason="keras_hub 0.32 batches NumPy inputs of fit/predict with grain (or "
+                                        "tensorflow); without it the tests above call keras.Model.fit/predict")
+    assert _reference("gemma")["pipeline"] == "grain"
+    for results in _distributed(2):  # the cases compare their pipeline with the reference's
+        for case, out in results.items():
+            assert isinstance(out, str) or out["pipeline"] == "grain", case

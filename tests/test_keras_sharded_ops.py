@@ -1,8 +1,9 @@
 """Keras ops the integration wraps because DTensor cannot run Keras' version on sharded values.
 
 A vocabulary-sharded embedding read twice (a layer norm), attention with head-sharded
-projections, and ``slice_update`` into a batch-sharded tensor, on 2 gloo ranks against one
-process (values and trained weights); on plain tensors the wrapped ops are Keras' own, bit for bit.
+projections, ``slice_update`` into a batch-sharded tensor, and reductions over a sharded axis read
+as Python numbers, on 2 gloo ranks against one process (values and trained weights); on plain
+tensors the wrapped ops are Keras' own, bit for bit.
 """
 
 from __future__ import annotations
@@ -82,16 +83,29 @@ def sharded_lm():
         updated_tensor = keras.ops.slice_update(sharded, torch.tensor([1, 3]), torch.full((2, 2), -2,
                                                                                           dtype=torch.int32))
         updates = (updated.full_tensor().numpy(), updated_tensor.full_tensor().numpy(), str(sharded.placements))
+        # reductions over the sharded rows, read as Python numbers on every rank (keras_hub's generate()
+        # indexes with `ops.min(row_lengths)`); each rank's own rows alone would give other values
+        lengths = keras.distribution.distribute_tensor(torch.tensor([3, 5, 2, 4]),
+                                                       keras.distribution.TensorLayout(["model"], mesh))
+        index = keras.ops.min(lengths)
+        reductions = dict(
+            min=int(index), max=int(keras.ops.max(lengths)), item=index.item(),
+            indexed=keras.ops.convert_to_numpy(sharded[:, index]),
+            amin=keras.ops.convert_to_numpy(keras.ops.amin(sharded, axis=0)),
+            amax=keras.ops.convert_to_numpy(keras.ops.amax(sharded, axis=0)),
+            all=bool(keras.ops.all(sharded < 12)), any=bool(keras.ops.any(sharded > 20)),
+            placements=str(tuple(index.placements)))
     finally:
         keras.distribution.set_distribution(None)
         keras_integration.uninstall()
         keras.backend.clear_session()
     return dict(initial=initial, placements=placements, losses=losses, trained=trained, predicted=predicted,
-                updates=updates)
+                updates=updates, reductions=reductions)
 
 
 def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process():
-    out = run_on_ranks(sharded_lm, world_size=2, timeout=900)[0]
+    per_rank = run_on_ranks(sharded_lm, world_size=2, timeout=900)
+    out = per_rank[0]
     placements = {"/".join(path.split("/")[-2:]): value for path, value in out["placements"].items()}
     assert placements["embed/embeddings"] == "(Replicate(), Shard(dim=0))", out["placements"]
     assert placements["attn/qkv"] == "(Replicate(), Shard(dim=2))", out["placements"]
@@ -113,6 +127,14 @@ def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process
     want = full.copy()
     want[1:3, 3:5] = -2
     np.testing.assert_array_equal(updated_tensor, want)
+    for rank, result in enumerate(per_rank):
+        reductions = result["reductions"]
+        assert reductions.pop("placements") == "(Replicate(), Replicate())", (rank, reductions)
+        assert (reductions.pop("min"), reductions.pop("max"), reductions.pop("item")) == (2, 5, 2), (rank, reductions)
+        np.testing.assert_array_equal(reductions.pop("indexed"), full[:, 2])
+        np.testing.assert_array_equal(reductions.pop("amin"), full.min(axis=0))
+        np.testing.assert_array_equal(reductions.pop("amax"), full.max(axis=0))
+        assert reductions == dict(all=False, any=True), (rank, reductions)
 
 
 def test_wrapped_ops_are_keras_own_on_plain_tensors():
@@ -134,19 +156,23 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.slice_update(np.zeros((4, 4), "float32"), torch.tensor([0, 2]),
                                                       np.ones((2, 2), "float32"))),
                 ops.convert_to_numpy(ops.dot_product_attention(q, k, v, mask=mask)),
-                ops.convert_to_numpy(ops.dot_product_attention(q, k, v, is_causal=True))]
+                ops.convert_to_numpy(ops.dot_product_attention(q, k, v, is_causal=True)),
+                *(ops.convert_to_numpy(getattr(ops, name)(table, axis=0)) for name in ("min", "max", "amin", "amax")),
+                *(ops.convert_to_numpy(getattr(ops, name)(table > 0, axis=1)) for name in ("all", "any")),
+                ops.convert_to_numpy(ops.min(ids))]
 
     functions = (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
-                 keras_modules.backend_nn().dot_product_attention)
+                 keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min)
     keras_integration.uninstall()
     before = run()
     assert keras_integration.install()
     try:
         assert keras_modules.backend_numpy().take is not functions[0]
+        assert keras_modules.backend_numpy().min is not functions[3]
         during = run()
     finally:
         keras_integration.uninstall()
     assert (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
-            keras_modules.backend_nn().dot_product_attention) == functions
+            keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min) == functions
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)

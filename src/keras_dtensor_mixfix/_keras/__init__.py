@@ -9,7 +9,8 @@
 - :mod:`.compile`: ``jit_compile=True`` under a distribution;
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
 - :mod:`.saving`: rank 0 writes;
-- :mod:`.sharded_ops`: ``take``, ``slice_update`` and attention where DTensor cannot run Keras' version.
+- :mod:`.sharded_ops`: ``take``, ``slice_update``, attention and min/max/all/any reductions where DTensor
+  cannot run Keras' version;
 - :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out
   like their parameters.

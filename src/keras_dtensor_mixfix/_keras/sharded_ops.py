@@ -7,6 +7,14 @@
   ``LlamaLayerNorm`` read the embedding twice: ``x * rsqrt(mean(x**2))``). The result is reduced
   at once to what DTensor gives it on first use (``Replicate`` on that mesh dim), differentiably:
   one all-reduce, as before, and any number of consumers.
+- ``min``, ``max``, ``amin``, ``amax``, ``all`` and ``any`` over a sharded axis (a batch-sharded
+  prompt under ``DataParallel``): DTensor returns a ``Partial`` result, and in torch 2.13 turning
+  a ``Partial`` DTensor into a Python number (``item()``, ``int()``, ``bool()``, or indexing with it,
+  as ``mask[:, index]`` does) reads this rank's unreduced value, with or without the package.
+  keras_hub's ``generate()`` starts at ``index = ops.min(row_lengths)`` and so wrote each rank's
+  tokens at its own (wrong) positions. These results are reduced at once (one all-reduce of a
+  small result, which the next op that reads it would have needed anyway); ``sum``, ``mean`` and
+  ``prod``, whose partial sums DTensor carries on into losses and gradients, are left as they are.
 - ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
   an in-place op whose strategy needs another placement ("in-place operations that require
   placement changes are not supported"), as for a prompt sharded on the batch axis (keras_hub's
@@ -34,6 +42,10 @@ def install(patches: Patches, native_attention: bool) -> None:
     numpy_module = keras_modules.backend_numpy()
     core = keras_modules.core()
     rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take))
+    for name in SETTLED_REDUCTIONS:
+        original = getattr(numpy_module, name, None)
+        if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
+            rebind_everywhere(patches, original, _settled_reduction(original))
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
     if not native_attention:
         nn = keras_modules.backend_nn()
@@ -89,6 +101,29 @@ def _settle_function() -> Any:
             return grad, None
 
     return SettleMaskPartial
+
+
+SETTLED_REDUCTIONS = ("min", "max", "amin", "amax", "all", "any")
+
+
+def _settled_reduction(original: Any) -> Any:
+    @functools.wraps(original)
+    def reduction(*args: Any, **kwargs: Any) -> Any:
+        return settle_partial(original(*args, **kwargs))
+
+    return reduction
+
+
+def settle_partial(value: Any) -> Any:
+    """A DTensor with ``Partial`` placements, reduced to ``Replicate`` on those mesh dims
+    (differentiably); anything else as is."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.placement_types import Partial
+
+    if not isinstance(value, DTensor) or not any(isinstance(p, Partial) for p in value.placements):
+        return value
+    return value.redistribute(value.device_mesh,
+                              [Replicate() if isinstance(p, Partial) else p for p in value.placements])
 
 
 def _replicated_slice_update(original: Any) -> Any:
