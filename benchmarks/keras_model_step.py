@@ -150,11 +150,18 @@ BUCKETS = (
 )
 
 
+COLLECTIVES = "collectives (gloo, incl. waiting for the other rank)"
+
+
 def _bucket(filename: str, function: str) -> str:
     if filename == "~":  # a built-in: kernels, autograd engine, collectives
         if "_c10d_functional" in function or "wait_tensor" in function:
-            return "collectives (gloo, incl. waiting for the other rank)"
+            return COLLECTIVES
         return "local kernels, autograd engine and other C++"
+    # functional collectives reach gloo through torch.library's autograd wrapper, whose redispatch
+    # cProfile charges with the collective's whole time (in these steps nothing else redispatches)
+    if (filename.endswith("torch/_ops.py") and function == "redispatch") or "torch/_library/" in filename:
+        return COLLECTIVES
     for bucket, needles in BUCKETS:
         if any(needle in filename for needle in needles):
             return bucket

@@ -260,6 +260,11 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
     return parameter
 
 
+GRADIENTS_LIKE_PARAMETERS = False
+"""Whether the hook below acts: set while the Keras integration is installed (parameters made then keep
+their hook after ``uninstall()``, which then changes nothing)."""
+
+
 def lay_out_gradient_like(parameter: Any) -> None:
     """Make ``parameter.grad`` take ``parameter``'s placements as soon as it is accumulated.
 
@@ -282,7 +287,7 @@ def _gradient_like_parameter(parameter: Any) -> None:
     from torch.distributed.tensor import DTensor
 
     grad = parameter.grad
-    if isinstance(grad, DTensor) and (grad.placements != parameter.placements
+    if GRADIENTS_LIKE_PARAMETERS and isinstance(grad, DTensor) and (grad.placements != parameter.placements
                                       or grad.device_mesh != parameter.device_mesh):
         parameter.grad = grad.redistribute(parameter.device_mesh, parameter.placements)
 

@@ -74,9 +74,10 @@ def install() -> bool:
                 added.append("variables: Keras' own layout-aware variables kept")
             else:
                 variables.install(patches)
-                reductions.install(patches)
-                added.append("variables: layouts become DTensor parameters, their gradients take their layouts; "
-                             "layer outputs and their gradients are never left partial sums")
+                added.append("variables: layouts become DTensor parameters")
+            reductions.install(patches)
+            added.append("sharded steps: gradients take their parameters' layouts; layer outputs and their "
+                         "gradients are never left partial sums")
             if native_lib:
                 added.append("convert_to_numpy: Keras' own kept")
             else:

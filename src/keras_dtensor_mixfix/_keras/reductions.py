@@ -8,8 +8,9 @@ through the model, every later kernel is gathered in every step, and the gradien
 That is what made a 2-rank Gemma step send ~110 collectives where the single-process math needs a
 handful (measured: ``benchmarks/keras_model_step.py``).
 
-Under a Keras distribution whose variables this package makes (Keras 3.15.1), two rules bring it
-to what tensor-parallel training does by design (and what XLA's partitioner finds for JAX):
+Under a Keras distribution (ours on Keras 3.15.1, Keras' own on 3.16 while the integration is
+installed), two rules bring it to what tensor-parallel training does by design (and what XLA's
+partitioner finds for JAX):
 
 - a layer's output is never left ``Partial``: it is reduced to ``Replicate`` on those mesh dims,
   and the gradient arriving at a layer's output is reduced the same way in backward (the gradient
@@ -19,7 +20,8 @@ to what tensor-parallel training does by design (and what XLA's partitioner find
   ``_keras_distribution_lib.distribute_variable`` registers on each parameter it makes).
 
 Both keep every value (a redistribution never changes the global tensor), and act only on
-DTensors under a distribution: a program without one runs exactly as before.
+DTensors under a distribution: a program without one runs exactly as before; after ``uninstall()``
+the hooks left on parameters made meanwhile do nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def install(patches: Patches) -> None:
     from keras.src.layers.layer import Layer
 
     _boundary = _boundary_function()
+    from .. import _keras_distribution_lib as ours
+
+    patches.set(ours, "GRADIENTS_LIKE_PARAMETERS", True)
+    if keras_modules.native_layout_variables():  # Keras 3.16 makes the DTensor parameters itself
+        _hook_native_parameters(patches)
 
     original_call = Layer.__call__
 
@@ -119,3 +126,20 @@ def _boundary_function() -> Any:
             return _reduced(grad) if isinstance(grad, DTensor) else grad
 
     return LayerOutputBoundary
+
+
+def _hook_native_parameters(patches: Patches) -> None:
+    """Keras' own layout-aware variables (3.16): each DTensor parameter they make gets the gradient hook."""
+    from .. import _keras_distribution_lib as ours
+
+    variable_class = keras_modules.core().Variable
+    original = variable_class._initialize_distributed
+
+    @functools.wraps(original)
+    def _initialize_distributed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        parameter = original(self, *args, **kwargs)
+        if parameter is not None:
+            ours.lay_out_gradient_like(parameter)
+        return parameter
+
+    patches.set(variable_class, "_initialize_distributed", _initialize_distributed)

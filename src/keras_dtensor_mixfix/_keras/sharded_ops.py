@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .._torch.api import is_masked_partial
 from . import keras_modules
 from .patches import Patches, rebind_everywhere
 
@@ -64,6 +63,8 @@ def settle_mask_partial(value: Any) -> Any:
     """A DTensor with a ``_MaskPartial`` placement, reduced on those mesh dims; anything else as is."""
     from torch.distributed.tensor import DTensor, Replicate
 
+    from .._torch.api import is_masked_partial  # imports torch: not at module import
+
     if not isinstance(value, DTensor):
         return value
     placements = value.placements
@@ -77,6 +78,8 @@ def settle_mask_partial(value: Any) -> Any:
 def _settle_function() -> Any:
     import torch
     from torch.distributed.tensor import Replicate
+
+    from .._torch.api import is_masked_partial
 
     class SettleMaskPartial(torch.autograd.Function):
         """``redistribute`` to ``settled``, whose backward reduces a ``Partial`` gradient first.
