@@ -66,12 +66,9 @@ def plan(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]],
     """The output placements of an einsum computed on local pieces, or None if it cannot be."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    sizes: dict = {}
-    for labels, shape in zip(inputs, shapes):
-        if len(labels) != len(shape):
-            return None
-        for label, size in zip(labels, shape):
-            sizes.setdefault(label, set()).add(size)
+    sizes = label_sizes(inputs, shapes)
+    if sizes is None:
+        return None
     result = []
     sharded_labels: set = set()
     for mesh_dim in range(len(placements[0])):
@@ -100,6 +97,18 @@ def plan(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]],
                 return None
         result.append(Shard(output.index(label)) if label in output else Partial("sum"))
     return tuple(result)
+
+
+def label_sizes(inputs: Sequence[str], shapes: Sequence[Sequence[int]]) -> Optional[dict]:
+    """Each label's sizes over the operands (one, or several where a size-1 dim broadcasts), or None
+    when an operand's labels do not match its dims."""
+    sizes: dict = {}
+    for labels, shape in zip(inputs, shapes):
+        if len(labels) != len(shape):
+            return None
+        for label, size in zip(labels, shape):
+            sizes.setdefault(label, set()).add(size)
+    return sizes
 
 
 def gradient_placements(operand: Sequence[Any], result: Sequence[Any]) -> Tuple[Any, ...]:
@@ -140,16 +149,14 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     if parsed is None:
         return None
     inputs, output = parsed
-    placements = plan(inputs, output, [o.shape for o in operands], [o.placements for o in operands])
+    shapes = [o.shape for o in operands]
+    placements = plan(inputs, output, shapes, [o.placements for o in operands])
     if placements is None:
         return None
     pieces = [o.to_local(grad_placements=gradient_placements(o.placements, placements)) for o in operands]
     local = original(subscripts, *pieces, **kwargs)
-    sizes: dict = {}
-    for labels, operand in zip(inputs, operands):
-        for label, size in zip(labels, operand.shape):
-            sizes[label] = max(size, sizes.get(label, 1))  # a size-1 dim broadcasts
-    shape = torch.Size(sizes[label] for label in output)
+    sizes = label_sizes(inputs, shapes)  # not None: plan() checked the labels against the dims
+    shape = torch.Size(max(sizes[label]) for label in output)  # a size-1 dim broadcasts
     return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
                               stride=_global_stride(local, shape))
 

@@ -121,9 +121,7 @@ def _boundary_function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            from torch.distributed.tensor import DTensor
-
-            return _reduced(grad) if isinstance(grad, DTensor) else grad
+            return _reduced_gradient(grad)
 
     return LayerOutputBoundary
 
