@@ -149,6 +149,9 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
     ids = rng.integers(0, VOCAB, size=(3, 5))
     q, k, v = (rng.normal(size=(2, LENGTH, HEADS, DEPTH)).astype("float32") for _ in range(3))
     mask = np.tril(np.ones((LENGTH, LENGTH), bool))[None, None]
+    import keras
+
+    dense = keras.layers.Dense(3, kernel_initializer="glorot_uniform", name="plain_dense")
 
     def run():
         return [ops.convert_to_numpy(ops.take(table, ids, axis=0)),
@@ -159,20 +162,29 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.dot_product_attention(q, k, v, is_causal=True)),
                 *(ops.convert_to_numpy(getattr(ops, name)(table, axis=0)) for name in ("min", "max", "amin", "amax")),
                 *(ops.convert_to_numpy(getattr(ops, name)(table > 0, axis=1)) for name in ("all", "any")),
-                ops.convert_to_numpy(ops.min(ids))]
+                ops.convert_to_numpy(ops.min(ids)),
+                ops.convert_to_numpy(ops.einsum("btd,dk->btk", q.reshape(2, LENGTH, -1), table[:8].T)),
+                ops.convert_to_numpy(ops.einsum("ij,jk", table[:4, :4].astype("int8"), table[:4, :4].astype("int8"))),
+                ops.convert_to_numpy(ops.einsum("...d,d->...", q, q[0, 0, 0])),
+                ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
+
+    from keras.src.layers.layer import Layer
 
     functions = (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
-                 keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min)
+                 keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
+                 keras_modules.backend_numpy().einsum, Layer.__call__)
     keras_integration.uninstall()
     before = run()
     assert keras_integration.install()
     try:
         assert keras_modules.backend_numpy().take is not functions[0]
         assert keras_modules.backend_numpy().min is not functions[3]
+        assert keras_modules.backend_numpy().einsum is not functions[4]
         during = run()
     finally:
         keras_integration.uninstall()
     assert (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
-            keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min) == functions
+            keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
+            keras_modules.backend_numpy().einsum, Layer.__call__) == functions
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)
