@@ -166,6 +166,13 @@ def keras_fit(world_size, kind, optimizer, input_kind="numpy", jit=False, epochs
         trained = model.get_weights()
         evaluated = model.evaluate(x, y, batch_size=batch_size, verbose=0)
         predicted = model.predict(x, batch_size=batch_size, verbose=0)
+        keras.distribution.set_distribution(None)
+        # the sharded model used with no distribution in force, every process feeding the same rows; compiled
+        # again, so its steps are made anew: Keras 3.16 alone would then wrap it in DistributedDataParallel,
+        # whose broadcast fails on DTensor weights
+        model.compile(optimizer=_optimizer(optimizer), loss="mse", metrics=["mae"], jit_compile=jit)
+        without_distribution = (model.evaluate(x, y, batch_size=batch_size, verbose=0),
+                                keras.ops.convert_to_numpy(model.predict(x, batch_size=batch_size, verbose=0)))
     finally:
         keras.distribution.set_distribution(None)
         keras_integration.uninstall()
@@ -182,6 +189,8 @@ def keras_fit(world_size, kind, optimizer, input_kind="numpy", jit=False, epochs
         np.testing.assert_allclose(history.history[key], ref_history.history[key], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(evaluated, reference.evaluate(x, y, batch_size=batch_size, verbose=0), rtol=1e-5)
     np.testing.assert_allclose(predicted, reference.predict(x, batch_size=batch_size, verbose=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(without_distribution[0], evaluated, rtol=1e-5)
+    np.testing.assert_allclose(without_distribution[1], predicted, rtol=1e-5, atol=1e-6)
     expected = _expected_placements(kind, world_size)
     for path, want in expected.items():  # None: a plain tensor
         assert placements.get(path) == want, (path, placements.get(path), want)

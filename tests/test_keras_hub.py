@@ -1,22 +1,26 @@
 """keras_hub causal LMs (tiny random configs) on 2 and 4 gloo ranks, against one process.
 
-Gemma, Llama3, Qwen and Qwen MoE, each under
+Every backbone of keras-hub 0.32.0 that ships ``get_layout_map`` (Gemma, Llama, Llama3, Qwen, Qwen
+MoE, Qwen3 MoE), each under
 
-- ``ModelParallel`` with its backbone's own ``get_layout_map(mesh)`` on a (1, N) ("batch",
-  "model") mesh (every kind of weight the map names is sharded, the vocabulary too), and
-- ``DataParallel()`` (replicated weights, the batch split over the N ranks),
+- ``ModelParallel`` with its backbone's own ``get_layout_map(mesh)`` on a ("batch", "model") mesh
+  of (1, 2) (2 ranks) and (2, 2) (4 ranks: the batch split over "batch", the weights over both
+  axes as the map says, the vocabulary too), and
+- ``DataParallel()`` (replicated weights, the batch split over the 2 or 4 ranks),
 
-run ``fit`` (two epochs of one batch), one ``train_on_batch``, ``predict`` and greedy
-``generate()`` on prompts of different lengths. Losses, metrics, the trained weights
+run ``fit`` (two epochs of one batch), one ``train_on_batch``, ``evaluate``, ``predict`` and
+greedy ``generate()`` on prompts of different lengths. Losses, metrics, the trained weights
 (``get_weights``), the predictions and the generated tokens must equal the same model run in a
 single process built with the same seed (the same initial weights, checked; float32, rtol 1e-5).
 
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
-each case is checked by its own test.
+each case is checked by its own test. ``KERAS_DTENSOR_MIXFIX_TEST_MESHES="2x4,4x2"`` adds
+ModelParallel meshes (8 ranks: slow, documented in the README, not in CI).
 """
 
 from __future__ import annotations
 
+import os
 import traceback
 
 import numpy as np
@@ -36,17 +40,31 @@ TINY = dict(vocabulary_size=64, num_layers=2, num_query_heads=4, num_key_value_h
             intermediate_dim=32)
 MODELS = {
     "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(TINY, num_key_value_heads=4, head_dim=8)),
+    "llama": ("LlamaBackbone", "LlamaCausalLM", TINY),
     "llama3": ("Llama3Backbone", "Llama3CausalLM", TINY),
     "qwen": ("QwenBackbone", "QwenCausalLM", TINY),
     # every layer sparse (4 experts, top 2) beside a shared expert that the layout map shards
     "qwen_moe": ("QwenMoeBackbone", "QwenMoeCausalLM",
                  dict(TINY, moe_intermediate_dim=8, shared_expert_intermediate_dim=32, num_experts=4, top_k=2)),
+    "qwen3_moe": ("Qwen3MoeBackbone", "Qwen3MoeCausalLM",
+                  dict(TINY, moe_intermediate_dim=8, num_experts=4, top_k=2, head_dim=4)),
 }
-MODES = ("model_parallel", "data_parallel")
-WORLD_SIZES = (2, 4)
-# kernels per block that get_layout_map shards: query, key, value, attention output and three
-# feed-forward kernels; Qwen MoE's map also matches its router ("sparse_feedforward_gate_dense")
-SHARDED_PER_BLOCK = dict(gemma=7, llama3=7, qwen=7, qwen_moe=8)
+
+def _layouts():
+    """(mode, mesh shape) pairs; the world size is the product of the shape. DataParallel's "shape"
+    is just its rank count."""
+    layouts = [("model_parallel", (1, 2)), ("model_parallel", (2, 2)), ("data_parallel", (2,)),
+               ("data_parallel", (4,))]
+    extra = os.environ.get("KERAS_DTENSOR_MIXFIX_TEST_MESHES", "")
+    layouts += [("model_parallel", tuple(int(n) for n in shape.split("x"))) for shape in extra.split(",") if shape]
+    return layouts
+
+
+LAYOUTS = _layouts()
+# kernels per block that get_layout_map shards on the "model" axis: query, key, value, attention output
+# and three feed-forward kernels; Qwen MoE's map also matches its router ("sparse_feedforward_gate_dense");
+# Qwen3 MoE's sparse blocks have no dense feed-forward kernels, only that router
+SHARDED_PER_BLOCK = dict(gemma=7, llama=7, llama3=7, qwen=7, qwen_moe=8, qwen3_moe=5)
 PROMPT_LENGTHS = (3, 5, 2, 4)  # generate() fills each row from its own length up to 8
 
 
@@ -106,22 +124,24 @@ def _run(lm, initial=None):
     out["history"] = {key: np.asarray(values, "float64") for key, values in history.history.items()}
     out["logs"] = np.atleast_1d(np.asarray(lm.train_on_batch(x, ids, sample_weight=weights), "float64"))
     out["trained"] = lm.get_weights()
+    evaluated = _through(lm, "evaluate")(x, ids, sample_weight=weights, batch_size=4, verbose=0, return_dict=True)
+    out["evaluated"] = {key: np.float64(value) for key, value in evaluated.items()}
     out["predicted"] = np.asarray(_through(lm, "predict")(x, batch_size=4, verbose=0))
     generated = lm.generate({"token_ids": ids * prompt_mask, "padding_mask": prompt_mask}, stop_token_ids=None)
     out["generated"] = np.asarray(generated["token_ids"])
     return out
 
 
-def _distribution(name, mode):
+def _distribution(name, mode, mesh_shape=None):
     import keras
 
     devices = keras.distribution.list_devices()
     if mode == "data_parallel":
         return keras.distribution.DataParallel()
-    mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+    mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
     layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
     distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
-    if _keras_has_own_torch_distribution():
+    if _keras_has_own_torch_distribution() and mesh_shape[0] == 1:
         # Keras 3.16 takes each process's batch as its own shard and refuses NumPy input on several
         # processes unless told so; on a batch axis of size 1 each process's shard is the whole batch
         distribution.auto_shard_dataset = False
@@ -134,13 +154,13 @@ def _keras_has_own_torch_distribution():
     return keras_modules.native_promotion_mode()
 
 
-def distributed_case(name, mode, optimizer="adam"):
+def distributed_case(name, mode, mesh_shape, optimizer="adam"):
     """One model under one distribution on this rank: ``_run``'s values and the weights' placements."""
     import keras
     from torch.distributed.tensor import DTensor
 
     try:
-        keras.distribution.set_distribution(_distribution(name, mode))
+        keras.distribution.set_distribution(_distribution(name, mode, mesh_shape))
         lm = _causal_lm(name, optimizer)
         out = _run(lm)
         out["placements"] = {v.path: tuple(str(p) for p in v.value.placements) if isinstance(v.value, DTensor)
@@ -152,7 +172,7 @@ def distributed_case(name, mode, optimizer="adam"):
 
 
 def distributed_cases(cases):
-    """Every ``(name, mode[, optimizer])`` in turn; a case that raises gives its traceback and the next one runs."""
+    """Every ``(name, mode, mesh_shape[, optimizer])`` in turn; a case that raises gives its traceback and the next one runs."""
     from keras_dtensor_mixfix import keras_integration
 
     assert keras_integration.install()
@@ -174,10 +194,18 @@ _references = {}
 
 def _distributed(world_size):
     if world_size not in _per_world_size:
-        cases = [(name, mode) for name in MODELS for mode in MODES
-                 if not (mode == "data_parallel" and _keras_has_own_torch_distribution())]
-        _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=900)
+        cases = [(name, mode, shape) for name in MODELS for mode, shape in LAYOUTS
+                 if int(np.prod(shape)) == world_size and _runs_here(mode, shape) is None]
+        _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=1200)
     return _per_world_size[world_size]
+
+
+def _runs_here(mode, shape):
+    """None, or why this layout is not run on this Keras."""
+    if _keras_has_own_torch_distribution() and mode == "data_parallel":
+        return ("Keras 3.16's DataParallel takes each process's batch as its own shard: this test feeds every "
+                "process the global batch (the convention of the package's Keras 3.15.1 distribution)")
+    return None
 
 
 def _reference(name):
@@ -187,28 +215,30 @@ def _reference(name):
     return _references[name]
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode,shape", LAYOUTS, ids=[f"{mode}-{'x'.join(map(str, shape))}" for mode, shape in LAYOUTS])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_causal_lm_equals_single_process(name, mode, world_size):
-    if mode == "data_parallel" and _keras_has_own_torch_distribution():
-        pytest.skip("Keras 3.16's DataParallel takes each process's batch as its own shard: this test feeds every "
-                    "process the global batch (the convention of the package's Keras 3.15.1 distribution)")
-    per_rank = [results[(name, mode)] for results in _distributed(world_size)]
+def test_causal_lm_equals_single_process(name, mode, shape):
+    why = _runs_here(mode, shape)
+    if why:
+        pytest.skip(why)
+    per_rank = [results[(name, mode, shape)] for results in _distributed(int(np.prod(shape)))]
     for rank, out in enumerate(per_rank):
-        assert not isinstance(out, str), f"rank {rank}:\n{out}"
+        assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
     out = per_rank[0]
     placements = out["placements"]
-    # sharded along the "model" mesh axis (the last one; the "batch" axis has size 1)
-    sharded = sorted(path for path, p in placements.items() if p and p[-1].startswith("S("))
     if mode == "model_parallel":
+        # sharded along the "model" mesh axis (the last one)
+        sharded = sorted(path for path, p in placements.items() if p and p[-1].startswith("S("))
         assert any("embeddings" in path for path in sharded), sharded  # vocabulary-sharded table
         # attention and feed-forward kernels of every block
         for part in ("query", "key", "value", "attention_output"):
             assert sum(part == path.split("/")[-2] for path in sharded) == MODELS[name][2]["num_layers"], (part, sharded)
         assert len(sharded) == 1 + MODELS[name][2]["num_layers"] * SHARDED_PER_BLOCK[name], sharded
+        # and, where the "batch" axis splits, over it too as the map says (a size-1 axis is replicated)
+        on_batch_axis = [path for path, p in placements.items() if p and p[0].startswith("S(")]
+        assert bool(on_batch_axis) == (shape[0] > 1), on_batch_axis
     else:
-        assert not sharded and all(p == ("R",) for p in placements.values()), placements
+        assert all(p == ("R",) for p in placements.values()), placements
     reference = _reference(name)
     # the same seed gives the same initial weights, sharded or not
     assert len(out["initial"]) == len(reference["initial"])
@@ -218,6 +248,9 @@ def test_causal_lm_equals_single_process(name, mode, world_size):
     for key, want in reference["history"].items():
         np.testing.assert_allclose(out["history"][key], want, rtol=1e-5, atol=1e-6, err_msg=key)
     np.testing.assert_allclose(out["logs"], reference["logs"], rtol=1e-5, atol=1e-6)
+    assert sorted(out["evaluated"]) == sorted(reference["evaluated"])
+    for key, want in reference["evaluated"].items():
+        np.testing.assert_allclose(out["evaluated"][key], want, rtol=1e-5, atol=1e-6, err_msg=key)
     assert len(out["trained"]) == len(reference["trained"])
     for got, want, before in zip(out["trained"], reference["trained"], out["initial"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -241,4 +274,4 @@ def test_fit_and_predict_go_through_keras_hub_input_pipeline():
     assert _reference("gemma")["pipeline"] == "grain"
     for results in _distributed(2):  # the cases compare their pipeline with the reference's
         for case, out in results.items():
-            assert isinstance(out, str) or out["pipeline"] == "grain", case
+            assert isinstance(out, dict) and out["pipeline"] == "grain", case

@@ -2,8 +2,10 @@
 
 A vocabulary-sharded embedding read twice (a layer norm), attention with head-sharded
 projections, ``slice_update`` into a batch-sharded tensor, and reductions over a sharded axis read
-as Python numbers, on 2 gloo ranks against one process (values and trained weights); on plain
-tensors the wrapped ops are Keras' own, bit for bit.
+as Python numbers, on 2 gloo ranks against one process (values and trained weights); the same
+model on a (2, 2) ("batch", "model") mesh with keras_hub's kind of layout (weights split over both
+axes, the batch over "batch"), and the lookup of batch-split ids in such a table (values and
+gradients); on plain tensors the wrapped ops are Keras' own, bit for bit.
 """
 
 from __future__ import annotations
@@ -50,7 +52,16 @@ def _data():
     return ids, np.roll(ids, -1, axis=1)
 
 
-def sharded_lm():
+LAYOUTS_1D = {".*embed/embeddings": ("model", None),  # vocabulary-sharded table
+              ".*attn/qkv": (None, None, "model", None),  # heads
+              ".*head/kernel": (None, "model")}
+# keras_hub's get_layout_map on a (batch, model) mesh: weights split over both axes
+LAYOUTS_2D = {".*embed/embeddings": ("model", "batch"),
+              ".*attn/qkv": ("batch", None, "model", None),
+              ".*head/kernel": ("batch", "model")}
+
+
+def sharded_lm(mesh_shape=None, layouts=None):
     import keras
     import torch
     from torch.distributed.tensor import DTensor
@@ -61,11 +72,10 @@ def sharded_lm():
     try:
         keras.utils.set_random_seed(1)
         devices = keras.distribution.list_devices()
-        mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+        mesh = keras.distribution.DeviceMesh(mesh_shape or (1, len(devices)), ["batch", "model"], devices)
         layout_map = keras.distribution.LayoutMap(mesh)
-        layout_map[".*embed/embeddings"] = ("model", None)  # vocabulary-sharded table
-        layout_map[".*attn/qkv"] = (None, None, "model", None)  # heads
-        layout_map[".*head/kernel"] = (None, "model")
+        for key, axes in (layouts or LAYOUTS_1D).items():
+            layout_map[key] = axes
         keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
                                                                              batch_dim_name="batch"))
         model = _model()
@@ -76,6 +86,8 @@ def sharded_lm():
         losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
         trained = model.get_weights()
         predicted = model.predict_on_batch(x)
+        if mesh_shape is not None:
+            return dict(initial=initial, placements=placements, losses=losses, trained=trained, predicted=predicted)
         # slice_update into a tensor sharded on the batch axis (what keras_hub's generate() does)
         full = torch.arange(4 * LENGTH, dtype=torch.int32).reshape(4, LENGTH)
         sharded = keras.distribution.distribute_tensor(full, keras.distribution.TensorLayout(["model", None], mesh))
@@ -103,12 +115,8 @@ def sharded_lm():
                 updates=updates, reductions=reductions)
 
 
-def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process():
-    per_rank = run_on_ranks(sharded_lm, world_size=2, timeout=900)
-    out = per_rank[0]
-    placements = {"/".join(path.split("/")[-2:]): value for path, value in out["placements"].items()}
-    assert placements["embed/embeddings"] == "(Replicate(), Shard(dim=0))", out["placements"]
-    assert placements["attn/qkv"] == "(Replicate(), Shard(dim=2))", out["placements"]
+def _assert_equals_single_process(out):
+    """Losses, trained weights and predictions of the sharded run equal one process's from the same weights."""
     reference = _model("ref_")
     _compile(reference)
     reference.set_weights(out["initial"])
@@ -118,6 +126,15 @@ def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process
     for got, want in zip(out["trained"], reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["predicted"], reference.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+
+
+def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process():
+    per_rank = run_on_ranks(sharded_lm, world_size=2, timeout=900)
+    out = per_rank[0]
+    placements = {"/".join(path.split("/")[-2:]): value for path, value in out["placements"].items()}
+    assert placements["embed/embeddings"] == "(Replicate(), Shard(dim=0))", out["placements"]
+    assert placements["attn/qkv"] == "(Replicate(), Shard(dim=2))", out["placements"]
+    _assert_equals_single_process(out)
     updated, updated_tensor, placements = out["updates"]
     assert "Shard(dim=0)" in placements
     full = np.arange(4 * LENGTH, dtype="int32").reshape(4, LENGTH)
@@ -135,6 +152,68 @@ def test_vocab_sharded_embedding_attention_and_slice_update_equal_single_process
         np.testing.assert_array_equal(reductions.pop("amin"), full.min(axis=0))
         np.testing.assert_array_equal(reductions.pop("amax"), full.max(axis=0))
         assert reductions == dict(all=False, any=True), (rank, reductions)
+
+
+def test_weights_split_over_both_mesh_axes_and_the_batch_over_one_equal_single_process():
+    """(2, 2) mesh, keras_hub's kind of layout: the table's hidden dim and the kernels' input dims split over
+    "batch" while each rank's batch rows are its own (torch's lookup alone fails there: repros/)."""
+    out = run_on_ranks(sharded_lm, (2, 2), LAYOUTS_2D, world_size=4, timeout=900)[0]
+    placements = {"/".join(path.split("/")[-2:]): value for path, value in out["placements"].items()}
+    assert placements["embed/embeddings"] == "(Shard(dim=1), Shard(dim=0))", out["placements"]
+    assert placements["attn/qkv"] == "(Shard(dim=0), Shard(dim=2))", out["placements"]
+    _assert_equals_single_process(out)
+
+
+def lookup_split_ids(table, ids, table_placements, ids_placements):
+    """Keras' ``take`` of ``ids`` (a DTensor) in ``table`` (a DTensor parameter) on a (2, 2) mesh: the value,
+    its placements, and the table's gradient of a loss that weighs every looked-up element differently."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh((2, 2), ("batch", "model"))
+        sharded_table = torch.nn.Parameter(distribute_tensor(table, device_mesh, list(table_placements)))
+        split_ids = distribute_tensor(ids, device_mesh, list(ids_placements))
+        looked_up = keras.ops.take(sharded_table, split_ids, axis=0)
+        weights = torch.arange(looked_up.numel(), dtype=torch.float32).reshape(looked_up.shape) / looked_up.numel()
+        (looked_up * weights).sum().backward()  # the weights: a plain tensor, promoted
+        return looked_up.detach().full_tensor(), str(tuple(looked_up.placements)), sharded_table.grad.full_tensor()
+    finally:
+        keras_integration.uninstall()
+
+
+def test_lookup_of_split_ids_in_a_table_split_over_the_same_axis_equals_single_process():
+    """The failure class behind keras_hub's 2-D IndexError: a mask made for this rank's ids applied to
+    another batch piece. Every combination of ids split or whole and table split on either mesh axis."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.manual_seed(0)
+    table, ids = torch.randn(VOCAB, 8), torch.randint(0, VOCAB, (4, LENGTH))
+    cases = [((Shard(1), Shard(0)), (Shard(0), Replicate())),  # keras_hub's layout, batch rows split
+             ((Shard(0), Shard(1)), (Shard(0), Replicate())),  # vocabulary over "batch" too
+             ((Shard(0), Shard(0)), (Shard(0), Shard(1))),     # ids split over both axes
+             ((Replicate(), Shard(0)), (Shard(0), Replicate())),
+             ((Shard(1), Shard(0)), (Replicate(), Replicate()))]
+    reference_table = table.clone().requires_grad_()
+    looked_up = torch.nn.functional.embedding(ids, reference_table)
+    weights = torch.arange(looked_up.numel(), dtype=torch.float32).reshape(looked_up.shape) / looked_up.numel()
+    (looked_up * weights).sum().backward()
+    for table_placements, ids_placements in cases:
+        for value, placements, grad in run_on_ranks(
+                lookup_split_ids, table, ids, table_placements, ids_placements, world_size=4, timeout=300):
+            what = f"table {table_placements}, ids {ids_placements}"
+            torch.testing.assert_close(value, looked_up.detach(), msg=lambda m: f"{what}: {m}")
+            torch.testing.assert_close(grad, reference_table.grad, msg=lambda m: f"{what}, gradient: {m}")
+            # the result keeps the ids' split (no gathered batch) and is never left a partial sum
+            assert "Partial" not in placements, (what, placements)
+            if isinstance(ids_placements[0], Shard):
+                assert placements.startswith("(Shard(dim=0)"), (what, placements)
 
 
 def test_wrapped_ops_are_keras_own_on_plain_tensors():

@@ -15,7 +15,9 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
 - non-tf.data inputs accepted in multi-process runs (each process iterates the global batch
   and keeps its slice; with ``distribution.auto_shard_dataset = False`` each process feeds its own shard);
 - ``jit_compile=True`` under a distribution compiles with ``aot_eager`` and static shapes;
-- saving writes files from rank 0 only (every rank still takes part in gathering).
+- saving writes files from rank 0 only (every rank still takes part in gathering);
+- on a Keras that wraps models in ``DistributedDataParallel`` when no distribution is set (3.16),
+  a model with sharded weights is not wrapped (DDP cannot broadcast DTensors).
 
 On a Keras with its own torch distribution (3.16), Keras' pieces are kept, saving still writes
 from rank 0 only, and while the package is patched our promotion replaces Keras'
@@ -30,8 +32,8 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (backend_lib, compile, data, keras_modules, local_einsum, promotion_mode, reductions, saving,
-                     sharded_ops, values, variables)
+from ._keras import (backend_lib, compile, data, ddp, keras_modules, local_einsum, promotion_mode, reductions,
+                     saving, sharded_ops, values, variables)
 from ._keras.patches import Patches
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -90,6 +92,8 @@ def install() -> bool:
                          if distribute_batches else "trainer: Keras' own data distribution kept")
             saving.install(patches)
             added.append("saving: rank 0 writes")
+            if ddp.install(patches):
+                added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
             sharded_ops.install(patches, native_attention=native_lib)  # Keras 3.16 runs attention locally itself
             local_einsum.install(patches)
             added.append("ops: einsum runs on local pieces where shardings line up, take settles masked partials, "

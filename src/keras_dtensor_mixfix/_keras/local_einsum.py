@@ -13,6 +13,16 @@ all: each rank contracts its own pieces. Per mesh dim, the result is
 - ``Partial`` (sum) when exactly one operand is a partial sum and the others are replicated
   (einsum is linear in each operand).
 
+Where operands are sharded along different labels on one mesh dim (on a (batch, model) mesh,
+keras_hub's layouts split a kernel's input dim over "batch" while the activations' batch rows are
+split over it too), they are first lined up as fully sharded data parallelism does
+(``line_up``): the operand sharded along a label the output keeps (the batch rows) keeps its
+split, the others are gathered on that mesh dim, and one that has that label whole takes its own
+slice of it. DTensor's einsum on such operands either gathers the activations or fails its
+sharding propagation ("Cannot unflatten unevenly sharded tensor"). In backward, a gathered
+operand's gradient (a partial sum over the batch pieces) is reduced and scattered back to its
+layout.
+
 Anything else (a plain operand, ``...``, a repeated label, a label sharded on several mesh dims,
 strided shards, other partial reductions) goes to DTensor as before. The pieces come out through
 ``to_local`` and go back through ``from_local``, both differentiable, so backward is local too;
@@ -99,6 +109,35 @@ def plan(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]],
     return tuple(result)
 
 
+def line_up(inputs: Sequence[str], output: str, placements: Sequence[Sequence[Any]]) -> Optional[List[Tuple[Any, ...]]]:
+    """Operand placements under which ``plan`` can work on local pieces, or None when nothing is to line up.
+
+    Per mesh dim whose operands are sharded along different labels: the first operand sharded along
+    a label of the output keeps its split; every other operand is gathered there, or, where it has
+    that label, takes its own slice of it.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+
+    lined = [list(p) for p in placements]
+    changed = False
+    for mesh_dim in range(len(placements[0])):
+        here = [p[mesh_dim] for p in placements]
+        if any(type(p) not in (Replicate, Shard) for p in here):
+            return None
+        sharded = [(index, labels[p.dim]) for index, (labels, p) in enumerate(zip(inputs, here)) if isinstance(p, Shard)]
+        if len({label for _, label in sharded}) < 2:
+            continue
+        keeper = next((label for _, label in sharded if label in output), None)
+        if keeper is None:
+            return None
+        for index, labels in enumerate(inputs):
+            wanted = Shard(labels.index(keeper)) if keeper in labels else Replicate()
+            if lined[index][mesh_dim] != wanted:
+                lined[index][mesh_dim] = wanted
+                changed = True
+    return [tuple(p) for p in lined] if changed else None
+
+
 def label_sizes(inputs: Sequence[str], shapes: Sequence[Sequence[int]]) -> Optional[dict]:
     """Each label's sizes over the operands (one, or several where a size-1 dim broadcasts), or None
     when an operand's labels do not match its dims."""
@@ -152,7 +191,12 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     shapes = [o.shape for o in operands]
     placements = plan(inputs, output, shapes, [o.placements for o in operands])
     if placements is None:
-        return None
+        lined = line_up(inputs, output, [o.placements for o in operands])
+        placements = None if lined is None else plan(inputs, output, shapes, lined)
+        if placements is None:
+            return None
+        operands = [o if tuple(o.placements) == wanted else o.redistribute(mesh, wanted)
+                    for o, wanted in zip(operands, lined)]
     pieces = [o.to_local(grad_placements=gradient_placements(o.placements, placements)) for o in operands]
     local = original(subscripts, *pieces, **kwargs)
     sizes = label_sizes(inputs, shapes)  # not None: plan() checked the labels against the dims

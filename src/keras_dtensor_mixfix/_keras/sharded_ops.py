@@ -54,9 +54,36 @@ def install(patches: Patches, native_attention: bool) -> None:
 def _settled_take(original: Any) -> Any:
     @functools.wraps(original)
     def take(x: Any, indices: Any, axis: Any = None) -> Any:
-        return settle_mask_partial(original(x, indices, axis=axis))
+        return settle_mask_partial(original(whole_where_indices_split(x, indices), indices, axis=axis))
 
     return take
+
+
+def whole_where_indices_split(table: Any, indices: Any) -> Any:
+    """``table`` gathered (differentiably) on the mesh dims where ``indices`` are split too.
+
+    On a (batch, model) mesh keras_hub's layouts shard an embedding table over both axes (the
+    vocabulary on "model", the hidden dim on "batch"), while the token ids are split over "batch".
+    DTensor's lookup strategy then gathers the ids on "batch" but builds the ``_MaskPartial`` mask
+    from this rank's ids before the gather: the reduction fails with "The shape of the mask [2, 8]
+    ... does not match the shape of the indexed tensor [4, 8, 8]" (torch 2.12-2.15, with or without
+    the package; repro: ``repros/torch_embedding_mask_2d.py``). The table is taken whole on such a
+    mesh dim instead, as fully sharded data parallelism does with a weight (JAX does the same on
+    this layout): each rank looks up its own ids, the result stays split by batch rows, and in
+    backward the table's gradient is reduced and scattered back to the table's layout.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+    if not isinstance(indices, DTensor):
+        return table
+    if not isinstance(table, DTensor) and hasattr(table, "value"):  # a Keras Variable
+        table = keras_modules.core().convert_to_tensor(table)
+    if not isinstance(table, DTensor) or table.device_mesh != indices.device_mesh:
+        return table
+    wanted = tuple(Replicate() if not isinstance(own, Replicate) and not isinstance(theirs, Replicate) else own
+                   for own, theirs in zip(table.placements, indices.placements))
+    if wanted == tuple(table.placements):
+        return table
+    return table.redistribute(table.device_mesh, wanted)
 
 
 def settle_mask_partial(value: Any) -> Any:

@@ -1,0 +1,30 @@
+"""Minimal pure-torch repros of the torch bugs the package works around; each fails on today's torch.
+
+Each runs as an expected failure (strict): the day a torch release fixes one, its test passes
+unexpectedly and fails the suite, so the workaround it names can be re-checked and dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from keras_dtensor_mixfix.testing import RankError, run_on_ranks
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
+
+import torch_embedding_mask_2d  # noqa: E402
+
+
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor's embedding on a 2-D mesh builds the _MaskPartial "
+                          "mask from the ids before gathering them (IndexError); worked around in the Keras take")
+def test_embedding_with_ids_split_on_the_tables_other_mesh_axis():
+    try:
+        run_on_ranks(torch_embedding_mask_2d.repro, world_size=4, timeout=300)
+    except RankError as error:
+        assert "IndexError" in str(error) and "shape of the mask" in str(error), error
+        raise
