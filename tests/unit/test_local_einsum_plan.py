@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from keras_dtensor_mixfix._keras.local_einsum import gradient_placements, parse, plan
+from keras_dtensor_mixfix._keras.local_einsum import gradient_placements, line_up, parse, plan
 
 R, P = Replicate(), Partial("sum")
 
@@ -67,3 +67,36 @@ def test_plan_refuses_placements_it_does_not_know():
 ])
 def test_gradient_placements(operand, result, expected):
     assert gradient_placements(operand, result) == expected
+
+
+LINE_UP = [
+    # (inputs, output, placements per operand) -> placements to line up to (None: nothing to line up)
+    # keras_hub on (batch, model): activations' rows over "batch", the kernel's input dim over "batch" too
+    (["btd", "ndh"], "btnh", [(Shard(0), R), (Shard(1), Shard(0))], [(Shard(0), R), (R, Shard(0))]),
+    # the kernel first: the operand whose split label the output keeps is the one that keeps its split
+    (["ndh", "btd"], "btnh", [(Shard(1), R), (Shard(0), R)], [(R, R), (Shard(0), R)]),
+    # an operand with the kept label but whole there takes its own slice of it
+    (["bd", "bd", "df"], "bf", [(Shard(0),), (R,), (Shard(0),)], [(Shard(0),), (Shard(0),), (R,)]),
+    (["bd", "df"], "bf", [(Shard(0),), (R,)], None),            # already lined up
+    (["bd", "df"], "bf", [(Shard(1),), (Shard(0),)], None),     # one label per mesh dim: nothing to do
+    (["bd", "df"], "bf", [(Shard(1),), (Shard(1),)], [(R,), (Shard(1),)]),  # f survives, d is gathered
+    (["bd", "df"], "bf", [(P,), (Shard(0),)], None),            # partial sums: left to DTensor
+]
+
+
+@pytest.mark.parametrize("inputs, output, placements, expected", LINE_UP)
+def test_line_up_keeps_the_split_the_output_keeps(inputs, output, placements, expected):
+    assert line_up(inputs, output, placements) == expected
+
+
+def test_line_up_refuses_when_no_split_label_survives():
+    # both split along contracted labels on one mesh dim: no split to keep
+    assert line_up(["bcd", "cde"], "be", [(Shard(1),), (Shard(1),)]) is None  # c and d, both contracted
+
+
+def test_lined_up_operands_plan_to_local_pieces():
+    inputs, output, shapes = ["btd", "ndh"], "btnh", [(4, 3, 8), (2, 8, 4)]
+    lined = line_up(inputs, output, [(Shard(0), R), (Shard(1), Shard(0))])
+    assert plan(inputs, output, shapes, lined) == (Shard(0), Shard(2))
+    # the gathered kernel's gradient is a partial sum over the batch pieces, reduced back to its split
+    assert gradient_placements(lined[1], (Shard(0), Shard(2))) == (P, Shard(0))
