@@ -2,6 +2,7 @@
 
     python benchmarks/keras_model_step.py                  # both models, every variant (~4 min)
     python benchmarks/keras_model_step.py --models mlp --no-breakdown
+    python benchmarks/keras_model_step.py --models gemma --mesh 2x2   # 4 ranks, batch split over 2
 
 Models (tiny, random, fixed data, Keras' default ``jit_compile`` unless a row says otherwise):
 
@@ -12,11 +13,12 @@ Models (tiny, random, fixed data, Keras' default ``jit_compile`` unless a row sa
 - ``mlp``: 2 blocks of Dense 256→1024 (relu, column-sharded) → Dense 1024→256 (row-sharded) →
   LayerNorm, AdamW, batch 64.
 
-Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on 2
-gloo ranks under ``ModelParallel`` on a (1, 2) ("batch", "model") mesh with this package (eager,
-``jit_compile=True``); JAX on 2 virtual CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=2``,
-same layout map; skipped when jax is not installed). Every torch process runs one intra-op thread.
-Figures: the first step (tracing and compiling included) and the median of steps 3–11; on 2 ranks a
+Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on N
+gloo ranks under ``ModelParallel`` on a ("batch", "model") mesh with this package (eager,
+``jit_compile=True``; ``--mesh``, default 1x2: N = 2); JAX on N virtual CPU devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=N``, the same mesh and layout map; skipped when
+jax is not installed). Every torch process runs one intra-op thread.
+Figures: the first step (tracing and compiling included) and the median of steps 3–11; on N ranks a
 step ends when the slower rank ends. The breakdown profiles 5 more eager steps on rank 0 with
 cProfile (its shares, scaled to the unprofiled step time) and counts one step's collectives and
 their bytes with a dispatch mode.
@@ -37,9 +39,14 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"  # the benchmark installs what it measures explicitly
 
 STEPS = 12
+MESH = tuple(int(n) for n in os.environ.get("KERAS_DTENSOR_MIXFIX_BENCH_MESH", "1x2").split("x"))
+"""The ("batch", "model") mesh of the distributed variants (``--mesh`` sets it for every worker)."""
+RANKS = MESH[0] * MESH[1]
 GEMMA = dict(vocabulary_size=1000, num_layers=2, num_query_heads=4, num_key_value_heads=4, hidden_dim=64,
              intermediate_dim=128, head_dim=16)
 P8_TARGET, P9_TARGET = 2.0, 0.7
+RANKED = f"torch, {RANKS} ranks ModelParallel {MESH[0]}x{MESH[1]} + package"
+JAX = f"JAX, {RANKS} virtual CPU devices {MESH[0]}x{MESH[1]}, jit"
 
 
 # ----------------------------------------------------------------------------- the models
@@ -60,13 +67,13 @@ def _layout_map(name: str, mesh: Any) -> Any:
 
 
 def build(name: str, jit: bool, distributed: bool) -> Any:
-    """``(model, inputs, targets)``; under ModelParallel on a (1, devices) mesh when ``distributed``."""
+    """``(model, inputs, targets)``; under ModelParallel on the ``MESH`` mesh when ``distributed``."""
     import keras
     import numpy as np
 
     if distributed:
         devices = keras.distribution.list_devices()
-        mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+        mesh = keras.distribution.DeviceMesh(MESH, ["batch", "model"], devices)
         keras.distribution.set_distribution(
             keras.distribution.ModelParallel(layout_map=_layout_map(name, mesh), batch_dim_name="batch"))
     keras.utils.set_random_seed(0)
@@ -133,7 +140,7 @@ def torch_ranks(name: str, jit: bool, breakdown: bool) -> Dict[str, Any]:
 
 
 def jax_devices(name: str) -> Dict[str, Any]:
-    """Run in a subprocess with KERAS_BACKEND=jax and 2 virtual devices."""
+    """Run in a subprocess with KERAS_BACKEND=jax and ``RANKS`` virtual devices."""
     model, x, y = build(name, jit=True, distributed=True)
     return _timed_steps(model, x, y, lambda: None)
 
@@ -252,20 +259,19 @@ def measure(name: str, breakdown: bool) -> Dict[str, Any]:
             rows[variant] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"}
 
     def on_ranks(jit: bool) -> Dict[str, Any]:
-        per_rank = run_on_ranks(torch_ranks, name, jit, breakdown and not jit, world_size=2, timeout=1800)
+        per_rank = run_on_ranks(torch_ranks, name, jit, breakdown and not jit, world_size=RANKS, timeout=1800)
         merged = dict(per_rank[0])
-        merged["steps_ms"] = [max(a, b) for a, b in zip(per_rank[0]["steps_ms"], per_rank[1]["steps_ms"])]
+        merged["steps_ms"] = [max(times) for times in zip(*(r["steps_ms"] for r in per_rank))]
         merged["first_s"] = max(r["first_s"] for r in per_rank)
         return merged
 
     attempt("torch, 1 process, eager", lambda: _in_subprocess("torch", name, False))
     attempt("torch, 1 process, jit_compile", lambda: _in_subprocess("torch", name, True))
     for jit in (False, True):
-        attempt(f"torch, 2 ranks ModelParallel + package, {'jit_compile' if jit else 'eager'}",
-                lambda jit=jit: on_ranks(jit))
+        attempt(f"{RANKED}, {'jit_compile' if jit else 'eager'}", lambda jit=jit: on_ranks(jit))
     if _jax_available():
-        attempt("JAX, 2 virtual CPU devices, jit", lambda: _in_subprocess(
-            "jax", name, True, {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        attempt(JAX, lambda: _in_subprocess(
+            "jax", name, True, {"KERAS_BACKEND": "jax", "XLA_FLAGS": f"--xla_force_host_platform_device_count={RANKS}",
                                 "JAX_PLATFORMS": "cpu"}))
     return rows
 
@@ -282,27 +288,27 @@ def report(name: str, rows: Dict[str, Any]) -> None:
         print(f"| {variant} | {row['first_s']:.2f} s | {statistics.median(steps):.1f} ms | {min(steps):.1f} ms |")
     median = {variant: statistics.median(row["steps_ms"]) for variant, row in rows.items() if "error" not in row}
     nan = float("nan")
-    eager = median.get("torch, 2 ranks ModelParallel + package, eager", nan)
-    jit = median.get("torch, 2 ranks ModelParallel + package, jit_compile", nan)
+    eager = median.get(f"{RANKED}, eager", nan)
+    jit = median.get(f"{RANKED}, jit_compile", nan)
     best = min(eager, jit) if jit == jit else eager
     print()
-    jax = median.get("JAX, 2 virtual CPU devices, jit")
+    jax = median.get(JAX)
     if jax is not None and eager == eager:
         ratio = best / jax
-        print(f"- P8 2-rank step (best of eager/jit) ÷ JAX: {ratio:.2f} (target ≤ {P8_TARGET}: "
+        print(f"- P8 {RANKS}-rank step (best of eager/jit) ÷ JAX: {ratio:.2f} (target ≤ {P8_TARGET}: "
               f"{'PASS' if ratio <= P8_TARGET else 'MISS'}); eager ÷ JAX {eager / jax:.2f}")
-        first = rows["torch, 2 ranks ModelParallel + package, eager"]["first_s"]
-        jax_first = rows["JAX, 2 virtual CPU devices, jit"]["first_s"]
-        print(f"- first step, 2-rank eager ÷ JAX: {first / jax_first:.2f} (target ≤ 1: "
+        first = rows[f"{RANKED}, eager"]["first_s"]
+        jax_first = rows[JAX]["first_s"]
+        print(f"- first step, {RANKS}-rank eager ÷ JAX: {first / jax_first:.2f} (target ≤ 1: "
               f"{'PASS' if first <= jax_first else 'MISS'})")
     else:
         print("- JAX not installed: no P8 ratio (pip install \"jax[cpu]\")")
-    print(f"- P9 2-rank jit_compile ÷ eager: {jit / eager:.2f} (target ≤ {P9_TARGET}: "
+    print(f"- P9 {RANKS}-rank jit_compile ÷ eager: {jit / eager:.2f} (target ≤ {P9_TARGET}: "
           f"{'PASS' if jit / eager <= P9_TARGET else 'MISS'})")
-    print(f"- 2-rank eager ÷ 1-process eager: {eager / median.get('torch, 1 process, eager', nan):.2f}")
-    ranked = rows.get("torch, 2 ranks ModelParallel + package, eager", {})
+    print(f"- {RANKS}-rank eager ÷ 1-process eager: {eager / median.get('torch, 1 process, eager', nan):.2f}")
+    ranked = rows.get(f"{RANKED}, eager", {})
     if "profile" in ranked:
-        print(f"\nWhere an eager 2-rank step's {eager:.1f} ms go (rank 0, cProfile shares scaled to the step):\n")
+        print(f"\nWhere an eager {RANKS}-rank step's {eager:.1f} ms go (rank 0, cProfile shares scaled to the step):\n")
         print("| part | ms | share |")
         print("|---|---|---|")
         for bucket, share in sorted(ranked["profile"].items(), key=lambda item: -item[1]):
@@ -318,16 +324,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gemma,mlp")
     parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--mesh", default="x".join(map(str, MESH)),
+                        help="the (batch, model) mesh of the distributed variants, e.g. 2x2 (4 ranks)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(args.worker[0], args.worker[1], bool(int(args.worker[2])))
         return 0
+    if args.mesh != "x".join(map(str, MESH)):  # the workers (rank pools, subprocesses) read it at import
+        os.environ["KERAS_DTENSOR_MIXFIX_BENCH_MESH"] = args.mesh
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     from keras_dtensor_mixfix.testing import shutdown_workers
 
     import torch
 
-    print(f"torch {torch.__version__}, 2 gloo ranks on 127.0.0.1; load average at start "
+    print(f"torch {torch.__version__}, {RANKS} gloo ranks on 127.0.0.1, mesh {MESH}; load average at start "
           f"{os.getloadavg()[0]:.1f}")
     try:
         for name in args.models.split(","):

@@ -81,6 +81,7 @@ def test_torch_model_parallel_equals_jax(tmp_path, shape):
     # the table was sharded on JAX too: the vocabulary over "model", the hidden dim over "batch"
     vocabulary, hidden = hub.MODELS[NAME][2]["vocabulary_size"], hub.MODELS[NAME][2]["hidden_dim"]
     assert jax_out.pop("embedding_shards").tolist() == [[vocabulary // shape[1], hidden // shape[0]]] * count
+    jax_out["predicted"] = jax_out["predicted"][torch_out["rows"]]  # the rows this torch rank fed (all, but on 3.16)
     torch_flat = _flat(torch_out)
     assert sorted(torch_flat) == sorted(jax_out)
     assert str(jax_out.pop("pipeline")) == str(torch_flat.pop("pipeline"))

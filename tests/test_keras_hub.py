@@ -61,6 +61,10 @@ def _layouts():
 
 
 LAYOUTS = _layouts()
+CASES = [(name, mode, shape) for name in sorted(MODELS) for mode, shape in LAYOUTS]
+# Gemma on a (1, 4) mesh too: it failed on Keras 3.16 in DTensor's backward ("shape '[4, 8, 8, 4, 1]' is invalid
+# for input of size 256") before attention ran on local pieces there
+CASES.append(("gemma", "model_parallel", (1, 4)))
 # kernels per block that get_layout_map shards on the "model" axis: query, key, value, attention output
 # and three feed-forward kernels; Qwen MoE's map also matches its router ("sparse_feedforward_gate_dense");
 # Qwen3 MoE's sparse blocks have no dense feed-forward kernels, only that router
@@ -78,10 +82,17 @@ def _batch():
     return ids, mask, prompt_mask
 
 
-def _causal_lm(name, optimizer="adam"):
+def _causal_lm(name, optimizer="adam", per_process_losses=False):
     import keras
 
     backbone_name, lm_name, config = MODELS[name]
+    if per_process_losses and "num_experts" in config:
+        # A mixture of experts adds a load-balancing loss over the whole batch (how its tokens spread over the
+        # experts), which does not split into per-row terms: under DistributedDataParallel (Keras 3.16's
+        # DataParallel) each process computes it over its own rows, so training differs from one process
+        # (Qwen MoE, 2 ranks, measured: trained weights 9e-4 apart). That is DDP's meaning, not an error; the
+        # comparison with one process is made without that loss (then 1e-8 apart).
+        config = dict(config, router_aux_loss_coefficient=0.0)
     keras.utils.set_random_seed(0)
     backbone = getattr(keras_hub.models, backbone_name)(**config)
     lm = getattr(keras_hub.models, lm_name)(backbone=backbone, preprocessor=None)
@@ -112,40 +123,69 @@ def _through(lm, method):
     return getattr(keras.Model, method).__get__(lm)
 
 
-def _run(lm, initial=None):
-    """fit (2 epochs of one batch), train_on_batch, predict and generate; every value global NumPy."""
+def _run(lm, initial=None, rows=slice(None)):
+    """fit (2 epochs of one batch), train_on_batch, evaluate, predict and generate; every value global NumPy,
+    but for ``predict``: the predictions of ``rows``, the rows this process feeds (all of them, unless Keras
+    takes each process's batch as its own shard: ``_own_rows``)."""
     if initial is not None:
         lm.set_weights(initial)
-    ids, mask, prompt_mask = _batch()
+    all_ids, all_mask, prompt_mask = _batch()
+    ids, mask = all_ids[rows], all_mask[rows]
     x = {"token_ids": ids, "padding_mask": mask}
     weights = mask.astype("float32")
-    out = {"initial": lm.get_weights(), "pipeline": _pipeline()}
-    history = _through(lm, "fit")(x, ids, sample_weight=weights, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    batch_size = len(ids)  # one batch: the global one, or this process's shard of it
+    out = {"initial": lm.get_weights(), "pipeline": _pipeline(), "rows": rows}
+    history = _through(lm, "fit")(x, ids, sample_weight=weights, batch_size=batch_size, epochs=2, shuffle=False,
+                                  verbose=0)
     out["history"] = {key: np.asarray(values, "float64") for key, values in history.history.items()}
     out["logs"] = np.atleast_1d(np.asarray(lm.train_on_batch(x, ids, sample_weight=weights), "float64"))
     out["trained"] = lm.get_weights()
-    evaluated = _through(lm, "evaluate")(x, ids, sample_weight=weights, batch_size=4, verbose=0, return_dict=True)
+    evaluated = _through(lm, "evaluate")(x, ids, sample_weight=weights, batch_size=batch_size, verbose=0,
+                                         return_dict=True)
     out["evaluated"] = {key: np.float64(value) for key, value in evaluated.items()}
-    out["predicted"] = np.asarray(_through(lm, "predict")(x, batch_size=4, verbose=0))
+    out["predicted"] = np.asarray(_through(lm, "predict")(x, batch_size=batch_size, verbose=0))
+    # generate() runs outside the trainer's data distribution: every process asks for every prompt
+    ids = all_ids
     generated = lm.generate({"token_ids": ids * prompt_mask, "padding_mask": prompt_mask}, stop_token_ids=None)
     out["generated"] = np.asarray(generated["token_ids"])
     return out
 
 
-def _distribution(name, mode, mesh_shape=None):
+def _distribution(name, mode, mesh_shape):
     import keras
 
     devices = keras.distribution.list_devices()
     if mode == "data_parallel":
-        return keras.distribution.DataParallel()
-    mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
-    layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
-    distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
-    if _keras_has_own_torch_distribution() and mesh_shape[0] == 1:
-        # Keras 3.16 takes each process's batch as its own shard and refuses NumPy input on several
-        # processes unless told so; on a batch axis of size 1 each process's shard is the whole batch
+        distribution = keras.distribution.DataParallel()
+    else:
+        mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
+        layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    if _keras_has_own_torch_distribution():
+        # Keras 3.16 takes each process's batch as its own shard (``_own_rows``) and refuses NumPy input on
+        # several processes unless told that it is
         distribution.auto_shard_dataset = False
     return distribution
+
+
+def _per_process_losses(mode):
+    """Whether each process computes the loss over its own rows alone: Keras 3.16's DataParallel, which is
+    torch's DistributedDataParallel (the package's, and every ModelParallel, compute it over the global batch)."""
+    return mode == "data_parallel" and _keras_has_own_torch_distribution()
+
+
+def _own_rows(mode, mesh_shape):
+    """The batch rows this process feeds: all of them (the package's convention on Keras 3.15.1: each process
+    feeds the global batch and keeps its slice), or on Keras 3.16 its own shard: the rows of its coordinate on
+    the batch axis (under ModelParallel consecutive ranks share one, as ``DeviceMesh`` lays devices out)."""
+    import torch.distributed as dist
+
+    if not _keras_has_own_torch_distribution():
+        return slice(None)
+    shards, ranks_per_shard = (mesh_shape[0], mesh_shape[1]) if mode == "model_parallel" else (mesh_shape[0], 1)
+    per_process = len(_batch()[0]) // shards
+    coordinate = dist.get_rank() // ranks_per_shard
+    return slice(coordinate * per_process, (coordinate + 1) * per_process)
 
 
 def _keras_has_own_torch_distribution():
@@ -161,8 +201,8 @@ def distributed_case(name, mode, mesh_shape, optimizer="adam"):
 
     try:
         keras.distribution.set_distribution(_distribution(name, mode, mesh_shape))
-        lm = _causal_lm(name, optimizer)
-        out = _run(lm)
+        lm = _causal_lm(name, optimizer, _per_process_losses(mode))
+        out = _run(lm, rows=_own_rows(mode, mesh_shape))
         out["placements"] = {v.path: tuple(str(p) for p in v.value.placements) if isinstance(v.value, DTensor)
                              else None for v in lm.weights}
     finally:
@@ -194,33 +234,23 @@ _references = {}
 
 def _distributed(world_size):
     if world_size not in _per_world_size:
-        cases = [(name, mode, shape) for name in MODELS for mode, shape in LAYOUTS
-                 if int(np.prod(shape)) == world_size and _runs_here(mode, shape) is None]
+        cases = [case for case in CASES if int(np.prod(case[2])) == world_size]
         _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=1200)
     return _per_world_size[world_size]
 
 
-def _runs_here(mode, shape):
-    """None, or why this layout is not run on this Keras."""
-    if _keras_has_own_torch_distribution() and mode == "data_parallel":
-        return ("Keras 3.16's DataParallel takes each process's batch as its own shard: this test feeds every "
-                "process the global batch (the convention of the package's Keras 3.15.1 distribution)")
-    return None
+
+def _reference(name, per_process_losses=False):
+    """The single-process run, built with the same seed (and losses) as the distributed ones."""
+    key = (name, per_process_losses)
+    if key not in _references:
+        _references[key] = _run(_causal_lm(name, per_process_losses=per_process_losses))
+    return _references[key]
 
 
-def _reference(name):
-    """The single-process run, built with the same seed as the distributed ones."""
-    if name not in _references:
-        _references[name] = _run(_causal_lm(name))
-    return _references[name]
-
-
-@pytest.mark.parametrize("mode,shape", LAYOUTS, ids=[f"{mode}-{'x'.join(map(str, shape))}" for mode, shape in LAYOUTS])
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name,mode,shape", CASES,
+                         ids=[f"{name}-{mode}-{'x'.join(map(str, shape))}" for name, mode, shape in CASES])
 def test_causal_lm_equals_single_process(name, mode, shape):
-    why = _runs_here(mode, shape)
-    if why:
-        pytest.skip(why)
     per_rank = [results[(name, mode, shape)] for results in _distributed(int(np.prod(shape)))]
     for rank, out in enumerate(per_rank):
         assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
@@ -234,12 +264,14 @@ def test_causal_lm_equals_single_process(name, mode, shape):
         for part in ("query", "key", "value", "attention_output"):
             assert sum(part == path.split("/")[-2] for path in sharded) == MODELS[name][2]["num_layers"], (part, sharded)
         assert len(sharded) == 1 + MODELS[name][2]["num_layers"] * SHARDED_PER_BLOCK[name], sharded
-        # and, where the "batch" axis splits, over it too as the map says (a size-1 axis is replicated)
+        # and, where the "batch" axis splits, over it too as the map says; the package replicates a size-1 axis
+        # (Keras 3.16's own distribution keeps what the map says there)
         on_batch_axis = [path for path, p in placements.items() if p and p[0].startswith("S(")]
-        assert bool(on_batch_axis) == (shape[0] > 1), on_batch_axis
-    else:
-        assert all(p == ("R",) for p in placements.values()), placements
-    reference = _reference(name)
+        if shape[0] > 1 or not _keras_has_own_torch_distribution():
+            assert bool(on_batch_axis) == (shape[0] > 1), on_batch_axis
+    else:  # replicated DTensors (the package's DataParallel), or plain tensors (Keras 3.16's)
+        assert all(p == ("R",) for p in placements.values()) or all(p is None for p in placements.values()), placements
+    reference = _reference(name, _per_process_losses(mode))
     # the same seed gives the same initial weights, sharded or not
     assert len(out["initial"]) == len(reference["initial"])
     for got, want in zip(out["initial"], reference["initial"]):
@@ -255,7 +287,9 @@ def test_causal_lm_equals_single_process(name, mode, shape):
     for got, want, before in zip(out["trained"], reference["trained"], out["initial"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not all(np.array_equal(got, before) for got, before in zip(out["trained"], out["initial"]))
-    np.testing.assert_allclose(out["predicted"], reference["predicted"], rtol=1e-5, atol=1e-5)
+    for rank, got in enumerate(per_rank):  # each rank's predictions of the rows it fed
+        np.testing.assert_allclose(got["predicted"], reference["predicted"][got["rows"]], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"rank {rank}")
     np.testing.assert_array_equal(out["generated"], reference["generated"])
     assert out["pipeline"] == reference["pipeline"]
     prompts = _batch()[0] * _batch()[2]
@@ -263,7 +297,6 @@ def test_causal_lm_equals_single_process(name, mode, shape):
         np.testing.assert_array_equal(out["generated"][row, :length], prompts[row, :length])
     for other in per_rank[1:]:  # every rank holds the same global values
         np.testing.assert_array_equal(other["generated"], out["generated"])
-        np.testing.assert_array_equal(other["predicted"], out["predicted"])
         for got, want in zip(other["trained"], out["trained"]):
             np.testing.assert_array_equal(got, want)
 

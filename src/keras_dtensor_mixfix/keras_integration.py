@@ -94,11 +94,11 @@ def install() -> bool:
             added.append("saving: rank 0 writes")
             if ddp.install(patches):
                 added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
-            sharded_ops.install(patches, native_attention=native_lib)  # Keras 3.16 runs attention locally itself
+            sharded_ops.install(patches)
             local_einsum.install(patches)
             added.append("ops: einsum runs on local pieces where shardings line up, take settles masked partials, "
                          "slice_update replicates sharded inputs"
-                         + ("" if native_lib else ", attention runs on local rows and heads"))
+                         ", attention runs on local rows and heads")
             if keras_modules.native_promotion_mode():
                 promotion_mode.install(patches)
                 _mode_replaced = True

@@ -20,9 +20,13 @@
   placement changes are not supported"), as for a prompt sharded on the batch axis (keras_hub's
   ``generate()``). A sharded input is made ``Replicate`` first, so the write is allowed; values
   are unchanged and the (small) result is replicated.
-- ``dot_product_attention`` (Keras 3.15.1; 3.16 runs it on local tensors itself): DTensor has no
-  strategy for CPU's ``_scaled_dot_product_flash_attention_for_cpu`` and derives one through its
-  decomposition, which on a 2-D mesh took minutes per new shape and then found none. Attention is
+- ``dot_product_attention``: DTensor has no strategy for CPU's
+  ``_scaled_dot_product_flash_attention_for_cpu`` and derives one through its decomposition, which
+  on a 2-D mesh took minutes per new shape and then found none (Keras 3.15.1). Keras 3.16 runs
+  attention on local tensors itself, but takes every operand's local piece as if it had the
+  query's placements: a whole mask meeting batch-split queries (keras_hub's ``generate()`` under
+  ``DataParallel`` or on a (2, 2) mesh) failed "The size of tensor a (2) must match the size of
+  tensor b (4)". Attention is
   independent per batch row and per head, so it runs on this rank's rows and heads (query, key,
   value and mask or bias taken to the query's batch/head sharding, everything else replicated)
   and the result is wrapped with those placements: the same values, differentiably.
@@ -37,7 +41,7 @@ from . import keras_modules
 from .patches import Patches, rebind_everywhere
 
 
-def install(patches: Patches, native_attention: bool) -> None:
+def install(patches: Patches) -> None:
     numpy_module = keras_modules.backend_numpy()
     core = keras_modules.core()
     rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take))
@@ -46,9 +50,8 @@ def install(patches: Patches, native_attention: bool) -> None:
         if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
             rebind_everywhere(patches, original, _settled_reduction(original))
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
-    if not native_attention:
-        nn = keras_modules.backend_nn()
-        rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
+    nn = keras_modules.backend_nn()
+    rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
 
 
 def _settled_take(original: Any) -> Any:
