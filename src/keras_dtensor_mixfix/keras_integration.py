@@ -96,9 +96,9 @@ def install() -> bool:
                 added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
             sharded_ops.install(patches)
             local_einsum.install(patches)
-            added.append("ops: einsum runs on local pieces where shardings line up, take settles masked partials, "
-                         "slice_update replicates sharded inputs"
-                         ", attention runs on local rows and heads")
+            added.append("ops: einsum runs on local pieces where shardings line up (or are lined up), take gathers "
+                         "a table split where its ids are and settles masked partials, slice_update replicates "
+                         "sharded inputs, attention runs on local rows and heads")
             if keras_modules.native_promotion_mode():
                 promotion_mode.install(patches)
                 _mode_replaced = True

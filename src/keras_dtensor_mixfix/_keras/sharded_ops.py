@@ -71,11 +71,12 @@ def whole_where_indices_split(table: Any, indices: Any) -> Any:
     from this rank's ids before the gather: the reduction fails with "The shape of the mask [2, 8]
     ... does not match the shape of the indexed tensor [4, 8, 8]" (torch 2.12-2.15, with or without
     the package; repro: ``repros/torch_embedding_mask_2d.py``). The table is taken whole on such a
-    mesh dim instead, as fully sharded data parallelism does with a weight (JAX does the same on
-    this layout): each rank looks up its own ids, the result stays split by batch rows, and in
-    backward the table's gradient is reduced and scattered back to the table's layout.
+    mesh dim instead, as fully sharded data parallelism does with a weight: each rank looks up its
+    own ids, the result stays split by batch rows, and in backward the table's gradient is reduced
+    and scattered back to the table's layout.
     """
     from torch.distributed.tensor import DTensor, Replicate
+
     if not isinstance(indices, DTensor):
         return table
     if not isinstance(table, DTensor) and hasattr(table, "value"):  # a Keras Variable
