@@ -39,7 +39,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"  # the benchmark installs what it measures explicitly
 
 STEPS = 12
-MESH = tuple(int(n) for n in os.environ.get("KERAS_DTENSOR_MIXFIX_BENCH_MESH", "1x2").split("x"))
+MESH = tuple(int(n) for n in os.environ.get("MIXFIX_BENCH_MESH", "1x2").split("x"))
 """The ("batch", "model") mesh of the distributed variants (``--mesh`` sets it for every worker)."""
 RANKS = MESH[0] * MESH[1]
 GEMMA = dict(vocabulary_size=1000, num_layers=2, num_query_heads=4, num_key_value_heads=4, hidden_dim=64,
@@ -332,7 +332,7 @@ def main() -> int:
         _worker(args.worker[0], args.worker[1], bool(int(args.worker[2])))
         return 0
     if args.mesh != "x".join(map(str, MESH)):  # the workers (rank pools, subprocesses) read it at import
-        os.environ["KERAS_DTENSOR_MIXFIX_BENCH_MESH"] = args.mesh
+        os.environ["MIXFIX_BENCH_MESH"] = args.mesh
         os.execv(sys.executable, [sys.executable, *sys.argv])
     from keras_dtensor_mixfix.testing import shutdown_workers
 

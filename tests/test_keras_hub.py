@@ -14,7 +14,7 @@ greedy ``generate()`` on prompts of different lengths. Losses, metrics, the trai
 single process built with the same seed (the same initial weights, checked; float32, rtol 1e-5).
 
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
-each case is checked by its own test. ``KERAS_DTENSOR_MIXFIX_TEST_MESHES="2x4,4x2"`` adds
+each case is checked by its own test. ``MIXFIX_TEST_MESHES="2x4,4x2"`` adds
 ModelParallel meshes (8 ranks: slow, documented in the README, not in CI).
 """
 
@@ -55,7 +55,7 @@ def _layouts():
     is just its rank count."""
     layouts = [("model_parallel", (1, 2)), ("model_parallel", (2, 2)), ("data_parallel", (2,)),
                ("data_parallel", (4,))]
-    extra = os.environ.get("KERAS_DTENSOR_MIXFIX_TEST_MESHES", "")
+    extra = os.environ.get("MIXFIX_TEST_MESHES", "")
     layouts += [("model_parallel", tuple(int(n) for n in shape.split("x"))) for shape in extra.split(",") if shape]
     return layouts
 
