@@ -56,29 +56,75 @@ def test_import_torch_activates_lazily_without_importing_torch_distributed():
     assert "state patched when torch.distributed.tensor was imported" in out
 
 
-def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line():
-    result = _python(
-        """
-        import keras_dtensor_mixfix._torch.versions as versions
-        versions.NEWEST_TORCH = (2, 0)          # pretend this torch is newer than any supported one
-        import torch, torch.distributed.tensor  # auto-activation runs here
-        import keras_dtensor_mixfix as mf
-        from keras_dtensor_mixfix import _autoload
-        print("patched", mf.is_patched())
-        print("state", _autoload.state)
-        try:
-            mf.patch()
-        except mf.UnsupportedTorchError as exc:
-            print("raised", exc)
-        print("patched", mf.is_patched())
-        """
-    )
+# Auto-activation on another torch: the version string the gate reads is replaced before `import torch`
+# (importing the versions module imports no torch), and a changed torch by replacing one self-check.
+_SIMULATED_TORCH = """
+import dataclasses, sys
+import keras_dtensor_mixfix._torch.versions as versions
+versions.running_torch_version = lambda: sys.argv[1]     # the torch release the gate sees
+if len(sys.argv) > 2:                                    # a torch on which this self-check fails
+    from keras_dtensor_mixfix._torch import selfcheck
+    def fails(probe):
+        raise AssertionError("simulated: this torch changed it")
+    selfcheck.CHECKS[sys.argv[2]] = dataclasses.replace(selfcheck.CHECKS[sys.argv[2]], run=fails)
+import torch
+print("dtensor_imported_by_import_torch", "torch.distributed.tensor" in sys.modules)
+import torch.distributed.tensor  # auto-activation patches here, if it may
+import keras_dtensor_mixfix as mf
+from keras_dtensor_mixfix import _autoload
+print("patched", mf.is_patched())
+print("state", _autoload.state)
+try:
+    mf.unpatch(); mf.patch()
+    print("patch() patched", mf.is_patched())
+except mf.UnsupportedTorchError as exc:
+    print("patch() raised", exc)
+"""
+
+
+def _simulated(version: str, *failing_check: str, allow_newer: str | None = None) -> subprocess.CompletedProcess:
+    env = {"KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": allow_newer} if allow_newer is not None else {}
+    return subprocess.run([sys.executable, "-c", _SIMULATED_TORCH, version, *failing_check], capture_output=True,
+                          text=True, timeout=300,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("KERAS_DTENSOR_MIXFIX")},
+                               **env})
+
+
+@pytest.mark.parametrize("version, allow_newer", [("2.16.0", None), ("2.16.0", "0"), ("2.11.0", "1"), ("1.13.1", None)])
+def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line(version, allow_newer):
+    result = _simulated(version, allow_newer=allow_newer)
     out = _ok(result)
-    assert out.count("patched False") == 2
-    assert "state off: torch " in out and "outside the supported range (torch 2.13 to 2.0.x)" in out
-    assert "raised keras_dtensor_mixfix.patch(): torch " in out
+    assert "dtensor_imported_by_import_torch False" in out
+    assert "patched False" in out
+    assert f"state off: torch {version} is outside the supported range (torch 2.12 to 2.15.x)" in out
+    assert f"patch() raised keras_dtensor_mixfix.patch(): torch {version} is outside the supported range" in out
+    hint = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1 or call patch(allow_newer_torch=True)"
+    assert (hint in out) == version.startswith("2.16"), out  # only a newer torch may be opted into
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "auto-activation is off" in lines[0], result.stderr
+
+
+def test_a_newer_torch_with_the_opt_in_and_a_passing_self_check_activates_with_one_warning_line():
+    result = _simulated("2.16.0", allow_newer="1")
+    out = _ok(result)
+    assert "dtensor_imported_by_import_torch False" in out  # the self-check waited for DTensor's import
+    assert "patched True" in out and "state patched when torch.distributed.tensor was imported" in out
+    assert "patch() patched True" in out
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "torch 2.16.0 is newer than the newest tested release (torch 2.12 to 2.15.x); opted in with " \
+           "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1, and the self-check passed" in lines[0]
+
+
+def test_a_newer_torch_with_the_opt_in_and_a_failing_self_check_stays_off_naming_the_check():
+    result = _simulated("2.16.0", "rule_before_fast_path", allow_newer="1")
+    out = _ok(result)  # `import torch` and DTensor's import never break
+    assert "patched False" in out and "state off: torch 2.16.0 is newer than the newest tested release" in out
+    assert "patch() raised keras_dtensor_mixfix.patch(): torch 2.16.0 is newer" in out
+    assert out.count("check 'rule_before_fast_path'") == 2 and "simulated: this torch changed it" in out
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "auto-activation is off" in lines[0] and "check 'rule_before_fast_path'" in lines[0], \
+        result.stderr
 
 
 @pytest.mark.parametrize("torch_first", [False, True])
@@ -324,6 +370,40 @@ def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules():
                    "torch.backends entry point installed: yes", "state:", "default = 'local'  (from KERAS_DTENSOR_MIXFIX_DEFAULT)",
                    "builtin [loaded]", "aten::native_layer_norm", "from pack:builtin"]:
         assert needle in out, (needle, out)
+
+
+def test_doctor_prints_every_self_check_and_fails_when_one_fails():
+    from keras_dtensor_mixfix._torch.selfcheck import CHECKS
+
+    out = _ok(_python(
+        "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
+    ))
+    assert "torch version gate" in out and "supported (torch 2.12 to 2.15.x)" in out
+    assert "self-check of the torch internals the package relies on (in this process, on a gloo world of one)" in out
+    for name in CHECKS:
+        assert f"  ok   {name}: " in out, (name, out)
+    assert f"self-check passed ({len(CHECKS)} checks of torch internals" in out
+    assert "live: yes" in out  # run while patched, it left the patch alone
+    failing = _python(
+        """
+        import dataclasses, sys
+        import keras_dtensor_mixfix._torch.versions as versions
+        versions.running_torch_version = lambda: "2.16.0"
+        from keras_dtensor_mixfix._torch import selfcheck
+        def fails(probe):
+            raise AssertionError("simulated: this torch changed it")
+        selfcheck.CHECKS["op_schema"] = dataclasses.replace(selfcheck.CHECKS["op_schema"], run=fails)
+        from keras_dtensor_mixfix._cli import main
+        sys.exit(main(["doctor"]))
+        """,
+        {"KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"},
+    )
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "torch 2.16.0: newer than the newest tested release (torch 2.12 to 2.15.x)" in failing.stdout
+    assert "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1 -> allowed if the self-check below passes" in failing.stdout
+    assert "  FAIL op_schema: AssertionError: simulated: this torch changed it" in failing.stdout
+    assert "  ok   rule_before_fast_path" in failing.stdout
+    assert "state: off: torch 2.16.0 is newer" in failing.stdout
 
 
 def test_help_answers_without_importing_torch_under_both_names():
