@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from keras_dtensor_mixfix._torch import versions as _versions  # imports no torch
+
 WORLD_ONE = textwrap.dedent(
     """
     import socket, torch, torch.distributed as dist
@@ -82,6 +84,12 @@ except mf.UnsupportedTorchError as exc:
 """
 
 
+# Derived from the range, so that these tests hold wherever it moves (tools/newest_torch.sh moves it).
+NEWER = f"{_versions.NEWEST_TORCH[0]}.{_versions.NEWEST_TORCH[1] + 1}.0"
+OLDER = f"{_versions.OLDEST_TORCH[0]}.{_versions.OLDEST_TORCH[1] - 1}.0"
+RANGE = _versions.supported_range()
+
+
 def _simulated(version: str, *failing_check: str, allow_newer: str | None = None) -> subprocess.CompletedProcess:
     env = {"KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": allow_newer} if allow_newer is not None else {}
     return subprocess.run([sys.executable, "-c", _SIMULATED_TORCH, version, *failing_check], capture_output=True,
@@ -90,37 +98,37 @@ def _simulated(version: str, *failing_check: str, allow_newer: str | None = None
                                **env})
 
 
-@pytest.mark.parametrize("version, allow_newer", [("2.16.0", None), ("2.16.0", "0"), ("2.11.0", "1"), ("1.13.1", None)])
+@pytest.mark.parametrize("version, allow_newer", [(NEWER, None), (NEWER, "0"), (OLDER, "1"), ("1.13.1", None)])
 def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line(version, allow_newer):
     result = _simulated(version, allow_newer=allow_newer)
     out = _ok(result)
     assert "dtensor_imported_by_import_torch False" in out
     assert "patched False" in out
-    assert f"state off: torch {version} is outside the supported range (torch 2.12 to 2.15.x)" in out
+    assert f"state off: torch {version} is outside the supported range ({RANGE})" in out
     assert f"patch() raised keras_dtensor_mixfix.patch(): torch {version} is outside the supported range" in out
     hint = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1 or call patch(allow_newer_torch=True)"
-    assert (hint in out) == version.startswith("2.16"), out  # only a newer torch may be opted into
+    assert (hint in out) == (version == NEWER), out  # only a newer torch may be opted into
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "auto-activation is off" in lines[0], result.stderr
 
 
 def test_a_newer_torch_with_the_opt_in_and_a_passing_self_check_activates_with_one_warning_line():
-    result = _simulated("2.16.0", allow_newer="1")
+    result = _simulated(NEWER, allow_newer="1")
     out = _ok(result)
     assert "dtensor_imported_by_import_torch False" in out  # the self-check waited for DTensor's import
     assert "patched True" in out and "state patched when torch.distributed.tensor was imported" in out
     assert "patch() patched True" in out
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert "torch 2.16.0 is newer than the newest tested release (torch 2.12 to 2.15.x); opted in with " \
+    assert f"torch {NEWER} is newer than the newest tested release ({RANGE}); opted in with " \
            "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1, and the self-check passed" in lines[0]
 
 
 def test_a_newer_torch_with_the_opt_in_and_a_failing_self_check_stays_off_naming_the_check():
-    result = _simulated("2.16.0", "rule_before_fast_path", allow_newer="1")
+    result = _simulated(NEWER, "rule_before_fast_path", allow_newer="1")
     out = _ok(result)  # `import torch` and DTensor's import never break
-    assert "patched False" in out and "state off: torch 2.16.0 is newer than the newest tested release" in out
-    assert "patch() raised keras_dtensor_mixfix.patch(): torch 2.16.0 is newer" in out
+    assert "patched False" in out and f"state off: torch {NEWER} is newer than the newest tested release" in out
+    assert f"patch() raised keras_dtensor_mixfix.patch(): torch {NEWER} is newer" in out
     assert out.count("check 'rule_before_fast_path'") == 2 and "simulated: this torch changed it" in out
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "auto-activation is off" in lines[0] and "check 'rule_before_fast_path'" in lines[0], \
@@ -378,7 +386,7 @@ def test_doctor_prints_every_self_check_and_fails_when_one_fails():
     out = _ok(_python(
         "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
     ))
-    assert "torch version gate" in out and "supported (torch 2.12 to 2.15.x)" in out
+    assert "torch version gate" in out and f"supported ({RANGE})" in out
     assert "self-check of the torch internals the package relies on (in this process, on a gloo world of one)" in out
     for name in CHECKS:
         assert f"  ok   {name}: " in out, (name, out)
@@ -388,22 +396,22 @@ def test_doctor_prints_every_self_check_and_fails_when_one_fails():
         """
         import dataclasses, sys
         import keras_dtensor_mixfix._torch.versions as versions
-        versions.running_torch_version = lambda: "2.16.0"
+        versions.running_torch_version = lambda: "%s"
         from keras_dtensor_mixfix._torch import selfcheck
         def fails(probe):
             raise AssertionError("simulated: this torch changed it")
         selfcheck.CHECKS["op_schema"] = dataclasses.replace(selfcheck.CHECKS["op_schema"], run=fails)
         from keras_dtensor_mixfix._cli import main
         sys.exit(main(["doctor"]))
-        """,
+        """ % NEWER,
         {"KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"},
     )
     assert failing.returncode == 1, failing.stdout + failing.stderr
-    assert "torch 2.16.0: newer than the newest tested release (torch 2.12 to 2.15.x)" in failing.stdout
+    assert f"torch {NEWER}: newer than the newest tested release ({RANGE})" in failing.stdout
     assert "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1 -> allowed if the self-check below passes" in failing.stdout
     assert "  FAIL op_schema: AssertionError: simulated: this torch changed it" in failing.stdout
     assert "  ok   rule_before_fast_path" in failing.stdout
-    assert "state: off: torch 2.16.0 is newer" in failing.stdout
+    assert f"state: off: torch {NEWER} is newer" in failing.stdout
 
 
 def test_help_answers_without_importing_torch_under_both_names():

@@ -19,6 +19,11 @@ import keras_dtensor_mixfix as mf
 from keras_dtensor_mixfix._lifecycle import torch_gate
 from keras_dtensor_mixfix._torch import api, selfcheck, versions
 
+# Derived from the range, so that these tests hold wherever it moves (tools/newest_torch.sh moves it).
+NEWER = f"{versions.NEWEST_TORCH[0]}.{versions.NEWEST_TORCH[1] + 1}.0"
+OLDER = f"{versions.OLDEST_TORCH[0]}.{versions.OLDEST_TORCH[1] - 1}.0"
+RANGE = versions.supported_range()
+
 
 def _dtensor_rules() -> dict:
     from torch._library import simple_registry
@@ -102,14 +107,14 @@ def test_the_report_is_run_once_per_process(monkeypatch):
 
 @pytest.fixture
 def newer_torch(monkeypatch):
-    monkeypatch.setattr(versions, "running_torch_version", lambda: "2.16.0")
+    monkeypatch.setattr(versions, "running_torch_version", lambda: NEWER)
 
 
 def test_a_newer_torch_is_refused_without_the_opt_in(newer_torch):
     with pytest.raises(mf.UnsupportedTorchError) as raised:
         mf.patch()
     text = str(raised.value)
-    assert "torch 2.16.0 is outside the supported range (torch 2.12 to 2.15.x)" in text
+    assert f"torch {NEWER} is outside the supported range ({RANGE})" in text
     assert "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1" in text and "patch(allow_newer_torch=True)" in text
     assert not mf.is_patched()
     with pytest.raises(mf.UnsupportedTorchError):
@@ -127,7 +132,7 @@ def test_a_newer_torch_with_the_opt_in_patches_after_the_self_check_with_one_war
         mf.patch()
     assert mf.is_patched()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "torch 2.16.0 is newer than the newest tested release" in warnings[0]
+    assert len(warnings) == 1 and f"torch {NEWER} is newer than the newest tested release ({RANGE})" in warnings[0]
     assert "self-check passed" in warnings[0] and "so promotion is on" in warnings[0]
     mf.unpatch()
     mf.patch(allow_newer_torch=True)  # once per process
@@ -139,17 +144,18 @@ def test_a_newer_torch_whose_self_check_fails_is_refused_naming_the_check(newer_
     with pytest.raises(mf.UnsupportedTorchError) as raised:
         mf.patch(allow_newer_torch=True)
     text = str(raised.value)
-    assert "torch 2.16.0 is newer than the newest tested release" in text and "opted in with patch(allow_newer_torch=True)" in text
+    assert f"torch {NEWER} is newer than the newest tested release" in text
+    assert "opted in with patch(allow_newer_torch=True)" in text
     assert "self-check failed" in text and "check 'rule_before_fast_path'" in text and "doctor" in text
     assert not mf.is_patched()
 
 
 def test_an_older_torch_is_never_allowed(monkeypatch):
-    monkeypatch.setattr(versions, "running_torch_version", lambda: "2.11.0")
+    monkeypatch.setattr(versions, "running_torch_version", lambda: OLDER)
     monkeypatch.setenv("KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH", "1")
     with pytest.raises(mf.UnsupportedTorchError) as raised:
         mf.patch(allow_newer_torch=True)
-    assert "releases before 2.12 are never supported" in str(raised.value)
+    assert "releases before %d.%d are never supported" % versions.OLDEST_TORCH in str(raised.value)
     assert not mf.is_patched()
 
 
@@ -185,7 +191,8 @@ def test_the_environment_variable_is_known_and_validated(monkeypatch, caplog):
 
 
 def test_versions_classify_releases():
-    assert versions.classify("2.12.1+cu130") == versions.SUPPORTED == versions.classify("2.15.0")
-    assert versions.classify("2.16.0.dev20261201") == versions.NEWER == versions.classify("3.0.0")
-    assert versions.classify("2.11.0") == versions.OLDER and versions.classify("garbage") == versions.UNREADABLE
-    assert versions.unsupported_reason("2.13.0") is None
+    oldest, newest = "%d.%d.1+cu130" % versions.OLDEST_TORCH, "%d.%d.0" % versions.NEWEST_TORCH
+    assert versions.classify(oldest) == versions.SUPPORTED == versions.classify(newest)
+    assert versions.classify(NEWER + ".dev20261201") == versions.NEWER == versions.classify("9.0.0")
+    assert versions.classify(OLDER) == versions.OLDER and versions.classify("garbage") == versions.UNREADABLE
+    assert versions.unsupported_reason(newest) is None
