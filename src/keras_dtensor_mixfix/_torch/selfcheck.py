@@ -9,7 +9,7 @@ Nothing it does outlives it: the probe operator it defines (``keras_dtensor_mixf
 and every rule it registers are removed, and it never touches the package's patch (it promotes nothing
 through it and reads none of its state). ``python -m keras_dtensor_mixfix doctor`` prints each check;
 the version gate runs it before activating on a torch newer than the newest tested one, when the user
-opted in (see ``_lifecycle.patching``).
+opted in (see ``_lifecycle.torch_gate``). The checks themselves are in ``checks``, their probe in ``probe``.
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ import sys
 import threading
 from typing import Iterator, List, Optional, Tuple
 
-log = logging.getLogger(__name__)
-
 from .checks import CHECKS
 from .probe import PROBE_QUALNAME, Probe  # noqa: F401 - PROBE_QUALNAME: for tests
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
+    """One check's outcome: what it checks (``relies_on``) and what it saw (``detail``)."""
+
     name: str
     relies_on: str
     ok: bool
@@ -119,13 +121,16 @@ def _run_here() -> Tuple[CheckResult, ...]:
 def _run_in_subprocess() -> Tuple[CheckResult, ...]:
     env = dict(os.environ)
     env["KERAS_DTENSOR_MIXFIX"] = "0"  # the child checks torch; it has nothing to patch
+    stderr = ""
     try:
         done = subprocess.run([sys.executable, "-m", __name__, "--json"], capture_output=True, text=True, env=env,
                               timeout=300)
+        stderr = done.stderr
         rows = json.loads(done.stdout.strip().splitlines()[-1])
         return tuple(CheckResult(**row) for row in rows)
-    except Exception as exc:  # noqa: BLE001
-        text = " ".join(f"the self-check subprocess failed: {type(exc).__name__}: {exc}".split())
+    except Exception as exc:  # noqa: BLE001 - a child that did not report: every check failed, with why
+        last = (stderr.strip().splitlines() or [""])[-1]
+        text = " ".join(f"the self-check subprocess failed: {type(exc).__name__}: {exc} {last}".split())
         return tuple(CheckResult(check.name, check.relies_on, False, text) for check in CHECKS.values())
 
 
