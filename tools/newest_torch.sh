@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --check-only) CHECK_ONLY=1 ;;
         --torch) TORCH="$2"; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
