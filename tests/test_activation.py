@@ -289,6 +289,55 @@ def test_a_failing_patch_never_breaks_the_import():
     assert "state failed: RuntimeError: simulated failure" in out
 
 
+def _simulating_site(root, version: str, failing_check: str = "") -> str:
+    """A sitecustomize that simulates another torch in every Python process started with it on PYTHONPATH
+    (the self-check may run in a subprocess of its own)."""
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(
+        f"""
+        import dataclasses
+        import keras_dtensor_mixfix._torch.versions as versions
+        from keras_dtensor_mixfix._torch import selfcheck
+        versions.running_torch_version = lambda: {version!r}
+        if {failing_check!r}:
+            def fails(probe):
+                raise AssertionError("simulated: this torch changed it")
+            selfcheck.CHECKS[{failing_check!r}] = dataclasses.replace(selfcheck.CHECKS[{failing_check!r}], run=fails)
+        """
+    ))
+    return str(site)
+
+
+@pytest.mark.parametrize("failing_check", ["", "op_schema"])
+def test_a_newer_torch_met_first_by_import_keras_decides_once_with_one_line(tmp_path, failing_check):
+    # `import keras` installs the Keras integration from an import hook, while torch is still being imported;
+    # the self-check then runs in a subprocess (a half-imported torch._dynamo would fail it for that alone).
+    result = _python(
+        """
+        import keras
+        import keras_dtensor_mixfix as mf
+        from keras_dtensor_mixfix import _autoload
+        from keras_dtensor_mixfix._torch.selfcheck import self_check
+        print("patched", mf.is_patched())
+        print("keras", _autoload.keras_state)
+        print("where", self_check().where)
+        """,
+        {"KERAS_BACKEND": "torch", "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"},
+        extra_path=_simulating_site(tmp_path, NEWER, failing_check),
+    )
+    out = _ok(result)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "where in a subprocess (this process was still importing torch)" in out
+    if failing_check:
+        assert "patched False" in out and "keras off: " in out and "check 'op_schema'" in out
+        assert "auto-activation is off" in lines[0] and "check 'op_schema'" in lines[0]
+    else:
+        assert "patched True" in out and "keras installed" in out
+        assert "self-check passed" in lines[0] and "so promotion is on" in lines[0]
+
+
 # --------------------------------------------------------------------------- rule packs
 
 

@@ -134,14 +134,30 @@ def _run_in_subprocess() -> Tuple[CheckResult, ...]:
         return tuple(CheckResult(check.name, check.relies_on, False, text) for check in CHECKS.values())
 
 
+def _torch_still_importing() -> bool:
+    """Whether some torch module is still executing its import here (Python marks it initializing).
+
+    Auto-activation asks for the self-check from import hooks: when Keras' modules load, torch._dynamo
+    can be half imported, and building a mesh or a DTensor then fails for that reason alone.
+    """
+    for name, module in list(sys.modules.items()):
+        if (name == "torch" or name.startswith("torch.")) and getattr(getattr(module, "__spec__", None),
+                                                                       "_initializing", False):
+            return True
+    return False
+
+
 def run_self_check() -> SelfCheckReport:
-    """Run every check now: in this process on a world of one, or, where this process already has a
-    default process group (its own world is left alone), in a fresh subprocess."""
+    """Run every check now: in this process on a world of one, or in a fresh subprocess where this process
+    already has a default process group (its own world is left alone) or is still importing torch."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return SelfCheckReport(_torch_version(), _run_in_subprocess(),
                                "in a subprocess (this process already has a process group)")
+    if _torch_still_importing():
+        return SelfCheckReport(_torch_version(), _run_in_subprocess(),
+                               "in a subprocess (this process was still importing torch)")
     return SelfCheckReport(_torch_version(), _run_here(), "in this process, on a gloo world of one")
 
 
