@@ -3,7 +3,8 @@
 One named check per private name or behaviour (``CHECKS``, in the order of ``api``). It runs in one
 process without torchrun: on a world of one (a gloo process group over an in-memory ``HashStore``,
 created for the check and destroyed after it). Where this process already has a default process
-group, the check runs in a fresh subprocess instead, so the user's group is never touched.
+group, the check runs in a fresh subprocess instead, so the user's group is never touched; so it does
+while torch is still being imported here (auto-activation's import hooks).
 
 Nothing it does outlives it: the probe operator it defines (``keras_dtensor_mixfix_selfcheck::probe``)
 and every rule it registers are removed, and it never touches the package's patch (it promotes nothing
