@@ -140,10 +140,12 @@ def _torch_still_importing() -> bool:
 
     Auto-activation asks for the self-check from import hooks: when Keras' modules load, torch._dynamo
     can be half imported, and building a mesh or a DTensor then fails for that reason alone.
+    ``torch.distributed.tensor`` does not count: auto-activation's hook on it runs once it has executed,
+    while Python still marks it initializing.
     """
     for name, module in list(sys.modules.items()):
-        if (name == "torch" or name.startswith("torch.")) and getattr(getattr(module, "__spec__", None),
-                                                                       "_initializing", False):
+        if (name == "torch" or name.startswith("torch.")) and name != "torch.distributed.tensor" \
+                and getattr(getattr(module, "__spec__", None), "_initializing", False):
             return True
     return False
 
