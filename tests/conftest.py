@@ -18,6 +18,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
     config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/test_keras_hub*.py, "
                                        "tests/test_jax_reference*.py); they skip without keras_hub or jax")
+    config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
 
 
 def pytest_collection_modifyitems(config, items):

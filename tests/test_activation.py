@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from keras_dtensor_mixfix._torch import versions as _versions  # imports no torch
+
 WORLD_ONE = textwrap.dedent(
     """
     import socket, torch, torch.distributed as dist
@@ -56,29 +58,81 @@ def test_import_torch_activates_lazily_without_importing_torch_distributed():
     assert "state patched when torch.distributed.tensor was imported" in out
 
 
-def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line():
-    result = _python(
-        """
-        import keras_dtensor_mixfix._torch.versions as versions
-        versions.NEWEST_TORCH = (2, 0)          # pretend this torch is newer than any supported one
-        import torch, torch.distributed.tensor  # auto-activation runs here
-        import keras_dtensor_mixfix as mf
-        from keras_dtensor_mixfix import _autoload
-        print("patched", mf.is_patched())
-        print("state", _autoload.state)
-        try:
-            mf.patch()
-        except mf.UnsupportedTorchError as exc:
-            print("raised", exc)
-        print("patched", mf.is_patched())
-        """
-    )
+# Auto-activation on another torch: the version string the gate reads is replaced before `import torch`
+# (importing the versions module imports no torch), and a changed torch by replacing one self-check.
+_SIMULATED_TORCH = """
+import dataclasses, sys
+import keras_dtensor_mixfix._torch.versions as versions
+versions.running_torch_version = lambda: sys.argv[1]     # the torch release the gate sees
+if len(sys.argv) > 2:                                    # a torch on which this self-check fails
+    from keras_dtensor_mixfix._torch import selfcheck
+    def fails(probe):
+        raise AssertionError("simulated: this torch changed it")
+    selfcheck.CHECKS[sys.argv[2]] = dataclasses.replace(selfcheck.CHECKS[sys.argv[2]], run=fails)
+import torch
+print("dtensor_imported_by_import_torch", "torch.distributed.tensor" in sys.modules)
+import torch.distributed.tensor  # auto-activation patches here, if it may
+import keras_dtensor_mixfix as mf
+from keras_dtensor_mixfix import _autoload
+print("patched", mf.is_patched())
+print("state", _autoload.state)
+try:
+    mf.unpatch(); mf.patch()
+    print("patch() patched", mf.is_patched())
+except mf.UnsupportedTorchError as exc:
+    print("patch() raised", exc)
+"""
+
+
+# Derived from the range, so that these tests hold wherever it moves (tools/newest_torch.sh moves it).
+NEWER = f"{_versions.NEWEST_TORCH[0]}.{_versions.NEWEST_TORCH[1] + 1}.0"
+OLDER = f"{_versions.OLDEST_TORCH[0]}.{_versions.OLDEST_TORCH[1] - 1}.0"
+RANGE = _versions.supported_range()
+
+
+def _simulated(version: str, *failing_check: str, allow_newer: str | None = None) -> subprocess.CompletedProcess:
+    env = {"KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": allow_newer} if allow_newer is not None else {}
+    return subprocess.run([sys.executable, "-c", _SIMULATED_TORCH, version, *failing_check], capture_output=True,
+                          text=True, timeout=300,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("KERAS_DTENSOR_MIXFIX")},
+                               **env})
+
+
+@pytest.mark.parametrize("version, allow_newer", [(NEWER, None), (NEWER, "0"), (OLDER, "1"), ("1.13.1", None)])
+def test_a_torch_outside_the_supported_range_stays_unpatched_with_one_log_line(version, allow_newer):
+    result = _simulated(version, allow_newer=allow_newer)
     out = _ok(result)
-    assert out.count("patched False") == 2
-    assert "state off: torch " in out and "outside the supported range (torch 2.13 to 2.0.x)" in out
-    assert "raised keras_dtensor_mixfix.patch(): torch " in out
+    assert "dtensor_imported_by_import_torch False" in out
+    assert "patched False" in out
+    assert f"state off: torch {version} is outside the supported range ({RANGE})" in out
+    assert f"patch() raised keras_dtensor_mixfix.patch(): torch {version} is outside the supported range" in out
+    hint = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1 or call patch(allow_newer_torch=True)"
+    assert (hint in out) == (version == NEWER), out  # only a newer torch may be opted into
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "auto-activation is off" in lines[0], result.stderr
+
+
+def test_a_newer_torch_with_the_opt_in_and_a_passing_self_check_activates_with_one_warning_line():
+    result = _simulated(NEWER, allow_newer="1")
+    out = _ok(result)
+    assert "dtensor_imported_by_import_torch False" in out  # the self-check waited for DTensor's import
+    assert "patched True" in out and "state patched when torch.distributed.tensor was imported" in out
+    assert "patch() patched True" in out
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert f"torch {NEWER} is newer than the newest tested release ({RANGE}); opted in with " \
+           "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1, and the self-check passed" in lines[0]
+
+
+def test_a_newer_torch_with_the_opt_in_and_a_failing_self_check_stays_off_naming_the_check():
+    result = _simulated(NEWER, "rule_before_fast_path", allow_newer="1")
+    out = _ok(result)  # `import torch` and DTensor's import never break
+    assert "patched False" in out and f"state off: torch {NEWER} is newer than the newest tested release" in out
+    assert f"patch() raised keras_dtensor_mixfix.patch(): torch {NEWER} is newer" in out
+    assert out.count("check 'rule_before_fast_path'") == 2 and "simulated: this torch changed it" in out
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "auto-activation is off" in lines[0] and "check 'rule_before_fast_path'" in lines[0], \
+        result.stderr
 
 
 @pytest.mark.parametrize("torch_first", [False, True])
@@ -235,6 +289,55 @@ def test_a_failing_patch_never_breaks_the_import():
     assert "state failed: RuntimeError: simulated failure" in out
 
 
+def _simulating_site(root, version: str, failing_check: str = "") -> str:
+    """A sitecustomize that simulates another torch in every Python process started with it on PYTHONPATH
+    (the self-check may run in a subprocess of its own)."""
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(
+        f"""
+        import dataclasses
+        import keras_dtensor_mixfix._torch.versions as versions
+        from keras_dtensor_mixfix._torch import selfcheck
+        versions.running_torch_version = lambda: {version!r}
+        if {failing_check!r}:
+            def fails(probe):
+                raise AssertionError("simulated: this torch changed it")
+            selfcheck.CHECKS[{failing_check!r}] = dataclasses.replace(selfcheck.CHECKS[{failing_check!r}], run=fails)
+        """
+    ))
+    return str(site)
+
+
+@pytest.mark.parametrize("failing_check", ["", "op_schema"])
+def test_a_newer_torch_met_first_by_import_keras_decides_once_with_one_line(tmp_path, failing_check):
+    # `import keras` installs the Keras integration from an import hook, while torch is still being imported;
+    # the self-check then runs in a subprocess (a half-imported torch._dynamo would fail it for that alone).
+    result = _python(
+        """
+        import keras
+        import keras_dtensor_mixfix as mf
+        from keras_dtensor_mixfix import _autoload
+        from keras_dtensor_mixfix._torch.selfcheck import self_check
+        print("patched", mf.is_patched())
+        print("keras", _autoload.keras_state)
+        print("where", self_check().where)
+        """,
+        {"KERAS_BACKEND": "torch", "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"},
+        extra_path=_simulating_site(tmp_path, NEWER, failing_check),
+    )
+    out = _ok(result)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "where in a subprocess (this process was still importing torch)" in out
+    if failing_check:
+        assert "patched False" in out and "keras off: " in out and "check 'op_schema'" in out
+        assert "auto-activation is off" in lines[0] and "check 'op_schema'" in lines[0]
+    else:
+        assert "patched True" in out and "keras installed" in out
+        assert "self-check passed" in lines[0] and "so promotion is on" in lines[0]
+
+
 # --------------------------------------------------------------------------- rule packs
 
 
@@ -324,6 +427,40 @@ def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules():
                    "torch.backends entry point installed: yes", "state:", "default = 'local'  (from KERAS_DTENSOR_MIXFIX_DEFAULT)",
                    "builtin [loaded]", "aten::native_layer_norm", "from pack:builtin"]:
         assert needle in out, (needle, out)
+
+
+def test_doctor_prints_every_self_check_and_fails_when_one_fails():
+    from keras_dtensor_mixfix._torch.selfcheck import CHECKS
+
+    out = _ok(_python(
+        "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
+    ))
+    assert "torch version gate" in out and f"supported ({RANGE})" in out
+    assert "self-check of the torch internals the package relies on (in this process, on a gloo world of one)" in out
+    for name in CHECKS:
+        assert f"  ok   {name}: " in out, (name, out)
+    assert f"self-check passed ({len(CHECKS)} checks of torch internals" in out
+    assert "live: yes" in out  # run while patched, it left the patch alone
+    failing = _python(
+        """
+        import dataclasses, sys
+        import keras_dtensor_mixfix._torch.versions as versions
+        versions.running_torch_version = lambda: "%s"
+        from keras_dtensor_mixfix._torch import selfcheck
+        def fails(probe):
+            raise AssertionError("simulated: this torch changed it")
+        selfcheck.CHECKS["op_schema"] = dataclasses.replace(selfcheck.CHECKS["op_schema"], run=fails)
+        from keras_dtensor_mixfix._cli import main
+        sys.exit(main(["doctor"]))
+        """ % NEWER,
+        {"KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"},
+    )
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert f"torch {NEWER}: newer than the newest tested release ({RANGE})" in failing.stdout
+    assert "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH=1 -> allowed if the self-check below passes" in failing.stdout
+    assert "  FAIL op_schema: AssertionError: simulated: this torch changed it" in failing.stdout
+    assert "  ok   rule_before_fast_path" in failing.stdout
+    assert f"state: off: torch {NEWER} is newer" in failing.stdout
 
 
 def test_help_answers_without_importing_torch_under_both_names():

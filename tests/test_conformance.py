@@ -673,7 +673,7 @@ def random_factories_or_unsupported(world_size):
 def test_dtensor_random_factories(world_size):
     answers = run_on_ranks(random_factories_or_unsupported, world_size, world_size=world_size)
     if answers[0] == "unsupported":
-        pytest.skip("torch 2.13: torch.distributed.tensor.randn/rand need DTensor's RNG tracker, which "
+        pytest.skip(f"torch {torch.__version__}: torch.distributed.tensor.randn/rand need DTensor's RNG tracker, which "
                     "requires a CUDA-like device (OffsetBasedRNGTracker raises on a cpu mesh)")
     assert_conformant(answers)
 

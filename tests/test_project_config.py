@@ -43,3 +43,19 @@ def test_keras_deprecation_warnings_are_filtered_and_ours_are_not(pytester):
     text = result.stdout.str()
     assert "deprecated from keras.src.backend.torch.core" not in text
     assert "deprecated from keras_dtensor_mixfix._engine.check" in text and "deprecated from mylib" in text
+
+
+def test_pyproject_versions_ci_and_readme_agree_on_the_torch_range():
+    from keras_dtensor_mixfix._torch import versions
+
+    oldest, newest = "%d.%d" % versions.OLDEST_TORCH, "%d.%d" % versions.NEWEST_TORCH
+    torch_dep = next(dep for dep in _pyproject()["project"]["dependencies"] if re.match(r"torch\b", dep))
+    # The floor only: an install-time cap would make resolvers hold users back (see pyproject's comment).
+    assert torch_dep.replace(" ", "") == f"torch>={oldest}", torch_dep
+    ci = (ROOT / ".ci" / "run").read_text()
+    ci_oldest = re.search(r'^OLDEST_TORCH="(\d+\.\d+)\.\d+"$', ci, re.M)
+    ci_newest = re.search(r'^NEWEST_TORCH="(\d+\.\d+)\.\d+"$', ci, re.M)
+    assert ci_oldest and ci_oldest.group(1) == oldest, "CI runs the whole suite on the oldest supported release"
+    assert ci_newest and ci_newest.group(1) == newest, "CI runs the whole suite on the newest supported release"
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch {oldest} to {newest}" in readme

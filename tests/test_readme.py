@@ -43,7 +43,9 @@ README = ROOT / "README.md"
 TIMEOUT = 300
 
 SKIPPED = {
-    'pip install torch==2.13.0 -e ".[test]"',  # needs the network; then the whole suite (~10 minutes)
+    # installs torch's registry build (several GB; CI keeps the wheels), then the whole suite (~8 minutes)
+    "# the whole suite on the oldest and the newest supported torch, as CI runs it (WHEELS: .ci/run's wheel cache)",
+    "bash tools/newest_torch.sh",  # asks the registry for its newest torch, downloads it, runs the suite
     "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
     # replace Keras with keras-nightly in the environment they run in, then the Keras tests (~6 minutes)
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
@@ -229,7 +231,7 @@ def test_block_runs_as_written(block, tmp_path):
 
 
 CI_RUNS = {
-    'pip install torch==2.13.0 -e ".[test]"',
+    "# the whole suite on the oldest and the newest supported torch, as CI runs it (WHEELS: .ci/run's wheel cache)",
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
     "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
 }
@@ -317,8 +319,15 @@ _RANK_CASES = textwrap.dedent(
 
 _UNSUPPORTED_TORCH = textwrap.dedent(
     """
+    import dataclasses, sys
     import keras_dtensor_mixfix._torch.versions as versions
-    versions.NEWEST_TORCH = (2, 12)         # pretend this torch is newer than any supported one
+    newer = (versions.NEWEST_TORCH[0], versions.NEWEST_TORCH[1] + 1)
+    versions.running_torch_version = lambda: "%d.%d.0" % newer  # the release the gate sees: newer than supported
+    if len(sys.argv) > 1:                               # a torch on which this self-check fails
+        from keras_dtensor_mixfix._torch import selfcheck
+        def fails(probe):
+            raise AssertionError("simulated: this torch changed it")
+        selfcheck.CHECKS[sys.argv[1]] = dataclasses.replace(selfcheck.CHECKS[sys.argv[1]], run=fails)
     import torch, torch.distributed.tensor  # auto-activation runs here
     import keras_dtensor_mixfix as mf
     try:
@@ -354,6 +363,12 @@ def _real_messages(tmp_path: pathlib.Path) -> Dict[str, str]:
     assert unsupported.returncode == 0, unsupported.stderr
     found["unsupported_torch"] = unsupported.stderr.splitlines()[0]
     found["unsupported_torch_patch"] = unsupported.stdout.splitlines()[0]
+    opted_in = {**_user_environment(), "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"}
+    for case, failing in (("newer_torch_allowed", []), ("newer_torch_refused", ["rule_before_fast_path"])):
+        newer = subprocess.run([sys.executable, "-c", _UNSUPPORTED_TORCH, *failing], env=opted_in,
+                               capture_output=True, text=True, timeout=TIMEOUT)
+        assert newer.returncode == 0 and len(newer.stderr.splitlines()) == 1, newer.stdout + newer.stderr
+        found[case] = newer.stderr.splitlines()[0]
 
     _packs_that_fail(tmp_path / "site")
     packs = subprocess.run([sys.executable, "-c", "import keras_dtensor_mixfix as mf; mf.patch()"],

@@ -51,7 +51,7 @@ def activate() -> None:
         reason = _unsupported_torch()
         if reason is not None:
             state = f"off: {reason}"
-            log.warning("keras_dtensor_mixfix: auto-activation is off: %s", reason)
+            _log_refusal_once(reason)
             return
         with _lock:
             if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
@@ -70,14 +70,37 @@ def activate() -> None:
 
 
 def _unsupported_torch() -> Optional[str]:
-    from ._torch.versions import unsupported_reason
+    """Why auto-activation stays off on this torch, decided at ``import torch``; None: go on.
 
-    version = getattr(sys.modules.get("torch"), "__version__", None)
-    if version is None:
-        from importlib.metadata import version as installed_version
+    A newer torch with the opt-in on goes on: its self-check needs DTensor, so it runs when DTensor
+    is first imported (``_refused``), not during ``import torch``.
+    """
+    from ._lifecycle.torch_gate import deferred_to_self_check
+    from ._torch import versions
 
-        version = installed_version("torch")
-    return unsupported_reason(version)
+    if deferred_to_self_check():
+        return None
+    return versions.unsupported_reason(versions.running_torch_version())
+
+
+def _refused() -> Optional[str]:
+    """Why the package must not activate on this torch (the gate, with the self-check where it decides)."""
+    from ._lifecycle.torch_gate import refusal
+
+    return refusal()
+
+
+_refusal_logged = False
+
+
+def _log_refusal_once(reason: str) -> None:
+    """The one warning line of an auto-activation that stays off (whichever path finds out first)."""
+    global _refusal_logged
+    with _lock:
+        if _refusal_logged:
+            return
+        _refusal_logged = True
+    log.warning("keras_dtensor_mixfix: auto-activation is off: %s", reason)
 
 
 def _patch_now() -> None:
@@ -97,6 +120,11 @@ def _patch_now() -> None:
             state = f"{TARGET} was first imported by a patch() call, which patched"
             return
         if not is_patched():
+            reason = _refused()
+            if reason is not None:
+                state = f"off: {reason}"
+                _log_refusal_once(reason)
+                return
             patch()
         state = f"patched when {TARGET} was imported"
     except BaseException as exc:  # noqa: BLE001 - a failure here must not break the user's import
@@ -115,6 +143,11 @@ def _maybe_install_keras() -> None:
 
         if not auto_activation_enabled():
             keras_state = "disabled by KERAS_DTENSOR_MIXFIX"
+            return
+        reason = _refused()  # a newer torch whose self-check fails: no Keras integration either
+        if reason is not None:
+            keras_state = f"off: {reason}"
+            _log_refusal_once(reason)
             return
         from .keras_integration import install
 

@@ -67,6 +67,8 @@ def doctor(out: TextIO = sys.stdout) -> int:
         for qualname, why in sorted(installed.skipped.items())[:10]:
             _write(out, f"  skipped {qualname}: {why}")
 
+    self_check_ok = _doctor_torch(out)
+
     _write(out, "\nauto-activation")
     _write(out, f"  torch.backends entry point installed: {'yes' if _entry_point_installed() else 'no'}")
     _write(out, f"  {_env.ENABLE}={os.environ.get(_env.ENABLE, '<unset>')} -> "
@@ -95,7 +97,36 @@ def doctor(out: TextIO = sys.stdout) -> int:
     for entry in entries:
         pending = "  (pending: no such op is defined yet; applies once one is)" if entry.pending else ""
         _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}{pending}")
-    return 0
+    return 0 if self_check_ok else 1
+
+
+def _doctor_torch(out: TextIO) -> bool:
+    """The version gate's answer for this torch and every self-check; returns whether the self-check passed."""
+    from ._lifecycle.torch_gate import opted_in
+    from ._rules.env import ALLOW_NEWER_TORCH
+    from ._torch import versions
+    from ._torch.selfcheck import self_check
+
+    version = versions.running_torch_version()
+    kind = versions.classify(version)
+    _write(out, "\ntorch version gate")
+    if kind == versions.SUPPORTED:
+        _write(out, f"  torch {version}: supported ({versions.supported_range()})")
+    elif kind == versions.NEWER:
+        allowed = opted_in()
+        _write(out, f"  torch {version}: newer than the newest tested release ({versions.supported_range()})")
+        _write(out, f"  {ALLOW_NEWER_TORCH}={os.environ.get(ALLOW_NEWER_TORCH, '<unset>')} -> "
+                    + ("allowed if the self-check below passes" if allowed else
+                       "refused (set it to 1, or call patch(allow_newer_torch=True), to run on it if the self-check "
+                       "below passes)"))
+    else:
+        _write(out, f"  torch {version}: not supported: {versions.unsupported_reason(version)}")
+    report = self_check()
+    _write(out, f"\nself-check of the torch internals the package relies on ({report.where})")
+    for result in report.results:
+        _write(out, f"  {'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+    _write(out, f"  {report.summary()}")
+    return report.ok
 
 
 def _keras_version() -> str:
@@ -214,7 +245,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog=SCRIPT if invoked_as_script else "python -m keras_dtensor_mixfix",
                                      description="Diagnostics and a demo for keras_dtensor_mixfix.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("doctor", help="versions, interception mechanism, auto-activation, options, packs, rules")
+    commands.add_parser("doctor", help="versions, interception mechanism, torch version gate and self-check, "
+                                       "auto-activation, options, packs, rules (exit 1 if the self-check fails)")
     demo_parser = commands.add_parser("demo", help="2-process CPU run: the mixed-operand error, then the fix")
     demo_parser.add_argument("--world-size", type=int, default=2, choices=(2, 4))
     args = parser.parse_args(argv)

@@ -147,6 +147,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
     mesh = None
     for row in range(rows):
         peer = None
+        row_start = len(plains)
         for column, position in enumerate(lists):
             item = args[position][row]
             kind = type(item)
@@ -168,6 +169,10 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
                 return _NOT_DIRECT
         if peer is None:
             return _NOT_DIRECT  # an all-plain row: run as a plain group by the general path
+        device = peer._local_tensor.device
+        for _, _, item in plains[row_start:]:
+            if item.device != device:
+                return _NOT_DIRECT  # on another device than the row's DTensor: the general path decides (devices.py)
         if mesh is None:
             mesh = peer._spec.mesh
         elif peer._spec.mesh is not mesh:

@@ -93,8 +93,12 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
                 and (not kwargs or no_tensors(kwargs)):
             # Eager only: while torch.compile traces, the local tensor is fake/functional, and
             # a slice offset of this rank must never be baked into a graph (see promote_whole).
-            local_type = type(peer._local_tensor)
-            if (local_type is _Tensor or local_type is _Parameter) and plain.numel() != 1:
+            peer_local = peer._local_tensor
+            local_type = type(peer_local)
+            # Another device than the peer's local piece: the general path moves a CPU scalar or refuses
+            # (see devices.py); the cached entries below hold no device (specs do not say where pieces sit).
+            if (local_type is _Tensor or local_type is _Parameter) and plain.numel() != 1 \
+                    and plain.device == peer_local.device:
                 options = fast_path_options(info, func)
                 if options is not None:
                     key = (index, plain.shape, plain.stride(), plain.dtype, peer._spec)

@@ -19,6 +19,7 @@ from .._torch.api import DTensorSpec, compiled_promotions, is_traced, redistribu
 from .construct import contiguous_stride, local_piece, local_slice, make_spec, new_dtensor, remember, wrap
 from .context import options as _current_options
 from .decide import decide
+from .devices import on_mesh_device
 from .operands import build_call, collect_operands, dtensors_in, rebuild
 from .placements import choose_whole_placements, infer_global_shape, mapped_local_placements
 from .plans import op_state
@@ -34,7 +35,9 @@ WHOLE_CACHE: Dict[Tuple[Any, ...], Any] = {}
 
 def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[DTensor, Tuple[Placement, ...]]:
     """``"replicate"``: ``operand`` is the same whole tensor on every rank."""
-    plain = operand.tensor
+    plain = on_mesh_device(operand, peer, mesh, traits)
+    if plain is not operand.tensor:
+        operand = Operand(operand.position, plain, True, operand.written)  # a CPU scalar moved to the mesh's device
     if decision.placements is None and not operand.written and peer._spec.mesh is mesh:
         plain_type = type(plain)
         local_type = type(peer._local_tensor)
@@ -73,7 +76,9 @@ def promote_whole(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, 
 
 def promote_local(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[DTensor, Tuple[Placement, ...]]:
     """``"local"``: ``operand`` is this rank's piece; placements follow the peer's."""
-    plain = operand.tensor
+    plain = on_mesh_device(operand, peer, mesh, traits)
+    if plain is not operand.tensor:
+        operand = Operand(operand.position, plain, True, operand.written)  # a CPU scalar moved to the mesh's device
     memo = LOCAL_MEMO.get(plain)
     if memo is not None and memo[0] == mesh and decision.placements is None and decision.shape is None:
         # Already read as this rank's piece (e.g. in forward, now in backward against a gradient
@@ -128,9 +133,15 @@ def cached_whole_entry(plain: torch.Tensor, peer: DTensor, traits: OpTraits, pos
 
 def whole_entry(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeEntry:
     """What promote_whole decides for an eager plain operand under the default decision, for the
-    cache: placements, the index of this rank's piece (None: all of it) and the spec."""
+    cache: placements, the index of this rank's piece (None: all of it) and the spec.
+
+    Raises for a plain operand on another device than the peer's local piece. The entry holds no
+    device (a spec does not say where local pieces sit: a meta-initialized DTensor has a CPU one's), so
+    every caller compares the two devices on each call before using a cached entry; their operands are
+    never 0-dim, so nothing is ever moved here."""
     plain = operand.tensor
     mesh = peer.device_mesh
+    on_mesh_device(operand, peer, mesh, traits)
     placements = choose_whole_placements(operand, peer, mesh, traits)
     shape = tuple(plain.shape)
     local_index: Optional[Tuple[slice, ...]] = None

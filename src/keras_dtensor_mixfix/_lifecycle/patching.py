@@ -23,6 +23,9 @@ _options: Options = Options()
 # True while patch() runs: importing DTensor inside it fires auto-activation's import hook in
 # this same thread, which must leave the patching to the patch() already under way.
 _in_progress = False
+# The allow_newer_torch of the patch() in force: a patched() block that ends by patching again
+# (its body unpatched) patches as the outer patch did.
+_allow_newer_torch: Optional[bool] = None
 
 
 def current_options() -> Options:
@@ -95,7 +98,7 @@ def interceptor() -> Optional[Any]:
     return _interceptor
 
 
-def patch(**options: Any) -> None:
+def patch(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> None:
     """Start promoting plain operands that meet DTensors.
 
     Options (each also settable by an environment variable, see the README):
@@ -107,8 +110,14 @@ def patch(**options: Any) -> None:
       promoted operand is what its rule says (identical on every rank for ``"replicate"``).
     - ``direct``: reuse a checked plan to run repeated mixed calls on local tensors (default True).
 
+    ``allow_newer_torch`` (keyword only; default: ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH``, else off):
+    on a torch newer than the newest tested release, run the self-check of every torch internal the
+    package relies on and patch if it passes (one warning line says so). It changes nothing on a
+    supported torch, and an older one is never allowed.
+
     Calling ``patch()`` while patched logs and applies only the options given; it never raises
-    for that. Raises ``UnsupportedTorchError`` on a torch outside the supported range.
+    for that. Raises ``UnsupportedTorchError`` on a torch outside the supported range (on a newer one
+    allowed by ``allow_newer_torch``: when the self-check fails, naming the failing check).
     """
     global _in_progress
     with _lock:
@@ -117,15 +126,15 @@ def patch(**options: Any) -> None:
         was_patched = _interceptor is not None
         _in_progress = True
         try:
-            _patch(options)
+            _patch(options, allow_newer_torch)
         finally:
             _in_progress = False
     _notify(was_patched)
 
 
-def _patch(options: dict) -> None:
+def _patch(options: dict, allow_newer_torch: Optional[bool]) -> None:
     """patch() itself, under the lock."""
-    global _interceptor, _options
+    global _interceptor, _options, _allow_newer_torch
     if _interceptor is not None:
         if options:
             _set_options(_options.updated(**options))
@@ -133,13 +142,12 @@ def _patch(options: dict) -> None:
         else:
             log.info("keras_dtensor_mixfix already patched; nothing to do")
         return
-    import torch
+    from .._torch.versions import UnsupportedTorchError
+    from .torch_gate import refusal
 
-    from .._torch.versions import UnsupportedTorchError, unsupported_reason
-
-    reason = unsupported_reason(torch.__version__)
+    reason = refusal(allow_newer_torch)
     if reason is not None:
-        raise UnsupportedTorchError(f"keras_dtensor_mixfix.patch(): {reason}. Install a supported torch.")
+        raise UnsupportedTorchError(f"keras_dtensor_mixfix.patch(): {reason}")
     new_options = _base_options().updated(**options)  # validate before touching torch
     from .._rules.packs import load_packs
 
@@ -156,6 +164,7 @@ def _patch(options: dict) -> None:
         raise
     _options = new_options
     _interceptor = installed
+    _allow_newer_torch = allow_newer_torch
     context.set_state(True, _options)
     from .._engine.stats import reset_stats
 
@@ -215,26 +224,28 @@ def _state_changed(why: str) -> None:
 
 
 @contextlib.contextmanager
-def patched(**options: Any) -> Iterator[None]:
+def patched(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> Iterator[None]:
     """Patch for the duration of a ``with`` block; on exit restore exactly the state before it.
 
     Nested blocks stack: leaving an inner block restores the outer block's patch state and
-    options, even when the block raised.
+    options, even when the block raised. ``allow_newer_torch`` is ``patch()``'s (used when the
+    block is the one that patches).
     """
     with _lock:
         was_patched = is_patched()
         previous = current_options()
+        previous_allow_newer = _allow_newer_torch
         if was_patched:
             _set_options(previous.updated(**options))
         else:
-            patch(**options)
+            patch(allow_newer_torch=allow_newer_torch, **options)
     try:
         yield
     finally:
         with _lock:
             if was_patched:
                 if not is_patched():
-                    patch()
+                    patch(allow_newer_torch=previous_allow_newer)
                 _set_options(previous)
             elif is_patched():
                 resume = _take_deferred()

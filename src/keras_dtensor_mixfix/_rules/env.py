@@ -20,9 +20,13 @@ PREFIX = "KERAS_DTENSOR_MIXFIX_"
 DISABLE_PACKS = "KERAS_DTENSOR_MIXFIX_DISABLE_PACKS"
 """Comma-separated names of rule packs not to load (``*`` for all third-party packs)."""
 
+ALLOW_NEWER_TORCH = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH"
+"""``1`` lets the package run on a torch newer than the newest tested one if its self-check passes
+(``patch(allow_newer_torch=True)`` for one call)."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_NOT_OPTIONS = {DISABLE_PACKS}
+_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH}
 
 _warned: Set[Tuple[str, str]] = set()
 _warned_lock = threading.Lock()
@@ -57,6 +61,14 @@ def auto_activation_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return True if parsed is None else parsed
 
 
+def allow_newer_torch(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH`` opts in to a torch newer than the newest tested one."""
+    raw = environ.get(ALLOW_NEWER_TORCH)
+    if raw is None or raw.strip() == "":
+        return False
+    return bool(_parse_bool(ALLOW_NEWER_TORCH, raw, "a newer torch stays refused (the default)"))
+
+
 def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options", dict]:
     """Options with environment overrides applied, and ``{option: variable}`` for those that were."""
     from .options import Options
@@ -70,7 +82,7 @@ def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options"
         option = name[len(PREFIX):].lower()
         if option not in fields:
             _warn_once(name, raw, "keras_dtensor_mixfix: ignoring unknown variable %s; known: %s", name,
-                       ", ".join(PREFIX + f.upper() for f in fields) + ", " + DISABLE_PACKS)
+                       ", ".join([PREFIX + f.upper() for f in fields] + sorted(_NOT_OPTIONS)))
             continue
         current = getattr(options, option)
         value: object = raw.strip()

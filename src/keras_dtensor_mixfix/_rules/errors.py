@@ -33,7 +33,8 @@ def describe_tensor(tensor: "torch.Tensor") -> str:
 
     if isinstance(tensor, DTensor):
         return (
-            f"DTensor shape {tuple(tensor.shape)} (local {tuple(tensor._local_tensor.shape)}), "
+            f"DTensor shape {tuple(tensor.shape)} (local {tuple(tensor._local_tensor.shape)} on "
+            f"{tensor._local_tensor.device}), "
             f"dtype {tensor.dtype}, placements {tuple(tensor.placements)}, mesh {describe_mesh(tensor.device_mesh)}"
         )
     return f"plain torch.Tensor shape {tuple(tensor.shape)}, dtype {tensor.dtype}, device {tensor.device}"

@@ -1,1 +1,1 @@
-"""The torch boundary: every private torch API the package uses, and the supported torch range."""
+"""The torch boundary: every private torch API the package uses, the supported torch range, and a self-check of both."""

@@ -2,8 +2,10 @@
 
 Everything here reads or touches torch internals that have no public equivalent. Each
 function says what it relies on; all of them were checked on every release of the supported
-range (``_versions``), on which CI runs the whole suite. A torch where one of them is missing
-makes the caller fall back to doing nothing (torch's own path), never to guessing.
+range (``versions``), on which CI runs the whole suite, and ``selfcheck`` checks each of them on
+the torch a process runs (``doctor`` prints it; the gate runs it before activating on a newer
+torch). A name added here needs a check in ``checks`` (a unit test says so). A torch where one of
+them is missing makes the caller fall back to doing nothing (torch's own path), never to guessing.
 """
 
 from __future__ import annotations
