@@ -216,6 +216,36 @@ def test_lookup_of_split_ids_in_a_table_split_over_the_same_axis_equals_single_p
                 assert placements.startswith("(Shard(dim=0)"), (what, placements)
 
 
+def arg_reductions_2d(logits):
+    """Keras' argmax and argmin of logits split by rows over "batch" (one row per rank) and by vocabulary over
+    "model" on a (2, 2) mesh (torch's own fails: repros/torch_argmax_2d.py)."""
+    import keras
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        split = distribute_tensor(logits, mesh((2, 2), ("batch", "model")), [Shard(0), Shard(2)])
+        return {name: [getattr(keras.ops, name)(split, axis=axis).full_tensor() for axis in (-1, 1)]
+                for name in ("argmax", "argmin")}
+    finally:
+        keras_integration.uninstall()
+
+
+def test_argmax_over_a_dim_split_on_a_2d_mesh_equals_single_process():
+    import torch
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 8, VOCAB)
+    for result in run_on_ranks(arg_reductions_2d, logits, world_size=4, timeout=300):
+        for name, values in result.items():
+            for axis, value in zip((-1, 1), values):
+                torch.testing.assert_close(value, getattr(torch, name)(logits, dim=axis).to(value.dtype),
+                                           msg=lambda m: f"{name} axis {axis}: {m}")
+
+
 def test_wrapped_ops_are_keras_own_on_plain_tensors():
     import torch
     from keras import ops
@@ -241,6 +271,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.dot_product_attention(q, k, v, is_causal=True)),
                 *(ops.convert_to_numpy(getattr(ops, name)(table, axis=0)) for name in ("min", "max", "amin", "amax")),
                 *(ops.convert_to_numpy(getattr(ops, name)(table > 0, axis=1)) for name in ("all", "any")),
+                *(ops.convert_to_numpy(getattr(ops, name)(table, axis=1)) for name in ("argmax", "argmin")),
                 ops.convert_to_numpy(ops.min(ids)),
                 ops.convert_to_numpy(ops.einsum("btd,dk->btk", q.reshape(2, LENGTH, -1), table[:8].T)),
                 ops.convert_to_numpy(ops.einsum("ij,jk", table[:4, :4].astype("int8"), table[:4, :4].astype("int8"))),
@@ -251,7 +282,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
 
     functions = (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
                  keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
-                 keras_modules.backend_numpy().einsum, Layer.__call__)
+                 keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax)
     keras_integration.uninstall()
     before = run()
     assert keras_integration.install()
@@ -259,11 +290,12 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
         assert keras_modules.backend_numpy().take is not functions[0]
         assert keras_modules.backend_numpy().min is not functions[3]
         assert keras_modules.backend_numpy().einsum is not functions[4]
+        assert keras_modules.backend_numpy().argmax is not functions[6]
         during = run()
     finally:
         keras_integration.uninstall()
     assert (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
             keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
-            keras_modules.backend_numpy().einsum, Layer.__call__) == functions
+            keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax) == functions
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)

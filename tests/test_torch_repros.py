@@ -16,6 +16,7 @@ from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
 
+import torch_argmax_2d  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 
 
@@ -27,4 +28,15 @@ def test_embedding_with_ids_split_on_the_tables_other_mesh_axis():
         run_on_ranks(torch_embedding_mask_2d.repro, world_size=4, timeout=300)
     except RankError as error:
         assert "IndexError" in str(error) and "shape of the mask" in str(error), error
+        raise
+
+
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor's argmax over a dim split on a 2-D mesh, one row per "
+                          "rank, fails reshaping the gathered pieces; worked around in the Keras argmax/argmin")
+def test_argmax_over_a_dim_split_on_a_2d_mesh_with_one_row_per_rank():
+    try:
+        run_on_ranks(torch_argmax_2d.repro, world_size=4, timeout=300)
+    except RankError as error:
+        assert "RuntimeError" in str(error) and "is invalid for input of size" in str(error), error
         raise

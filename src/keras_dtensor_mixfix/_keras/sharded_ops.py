@@ -15,6 +15,12 @@
   tokens at its own (wrong) positions. These results are reduced at once (one all-reduce of a
   small result, which the next op that reads it would have needed anyway); ``sum``, ``mean`` and
   ``prod``, whose partial sums DTensor carries on into losses and gradients, are left as they are.
+- ``argmax`` and ``argmin`` over a dim split on a 2-D mesh (a sparse categorical accuracy over
+  vocabulary-split logits, one batch row per rank): DTensor's handler gathers the pieces and fails
+  reshaping them ("shape '[1, 8, 2, 2, 8, 1]' is invalid for input of size 16", torch 2.13-2.15;
+  repro: ``repros/torch_argmax_2d.py``). An input split over two or more mesh dims is gathered
+  along the reduced dim first (the mesh dims that split it become ``Replicate``); an input split
+  over one mesh dim keeps DTensor's own handler, which gathers only each piece's winner.
 - ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
   an in-place op whose strategy needs another placement ("in-place operations that require
   placement changes are not supported"), as for a prompt sharded on the batch axis (keras_hub's
@@ -49,6 +55,9 @@ def install(patches: Patches) -> None:
         original = getattr(numpy_module, name, None)
         if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
             rebind_everywhere(patches, original, _settled_reduction(original))
+    for name in ARG_REDUCTIONS:
+        original = getattr(numpy_module, name)
+        rebind_everywhere(patches, original, _whole_along_reduced(original))
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
     nn = keras_modules.backend_nn()
     rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
@@ -158,6 +167,31 @@ def settle_partial(value: Any) -> Any:
         return value
     return value.redistribute(value.device_mesh,
                               [Replicate() if isinstance(p, Partial) else p for p in value.placements])
+
+
+ARG_REDUCTIONS = ("argmax", "argmin")
+
+
+def _whole_along_reduced(original: Any) -> Any:
+    @functools.wraps(original)
+    def reduction(x: Any, axis: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return original(whole_along(x, axis), axis, *args, **kwargs)
+
+    return reduction
+
+
+def whole_along(value: Any, axis: Any) -> Any:
+    """A DTensor split over two or more mesh dims, gathered along ``axis`` (every dim when None); anything
+    else as is."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(value, DTensor) or sum(isinstance(p, Shard) for p in value.placements) < 2:
+        return value
+    reduced = set(range(value.ndim)) if axis is None else {axis % max(value.ndim, 1)}
+    wanted = tuple(Replicate() if isinstance(p, Shard) and p.dim in reduced else p for p in value.placements)
+    if wanted == tuple(value.placements):
+        return value
+    return value.redistribute(value.device_mesh, wanted)
 
 
 def _replicated_slice_update(original: Any) -> Any:
