@@ -6,8 +6,8 @@ does) goes to DTensor's ``argminmax_handler``, which gathers the pieces and fail
 
     RuntimeError: shape '[1, 8, 2, 2, 8, 1]' is invalid for input of size 16
 
-Seen on torch 2.13.0 (keras_hub Gemma and Qwen on a (4, 2) mesh, 4 rows); with two rows per rank it
-passes. No keras_dtensor_mixfix involved.
+Seen on torch 2.12.1 and 2.13.0 (keras_hub Gemma and Qwen on a (4, 2) mesh, 4 rows); fixed in 2.15.0 (2.14
+not checked); with two rows per rank it passes. No keras_dtensor_mixfix involved.
 keras_dtensor_mixfix's Keras ``argmax``/``argmin`` avoid it by gathering the reduced dim first
 (``_keras/sharded_ops.py``: ``whole_along``).
 

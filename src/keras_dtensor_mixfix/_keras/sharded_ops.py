@@ -17,7 +17,7 @@
   ``prod``, whose partial sums DTensor carries on into losses and gradients, are left as they are.
 - ``argmax`` and ``argmin`` over a dim split on a 2-D mesh (a sparse categorical accuracy over
   vocabulary-split logits, one batch row per rank): DTensor's handler gathers the pieces and fails
-  reshaping them ("shape '[1, 8, 2, 2, 8, 1]' is invalid for input of size 16", torch 2.13-2.15;
+  reshaping them ("shape '[1, 8, 2, 2, 8, 1]' is invalid for input of size 16", torch 2.12-2.13, fixed in 2.15;
   repro: ``repros/torch_argmax_2d.py``). An input split over two or more mesh dims is gathered
   along the reduced dim first (the mesh dims that split it become ``Replicate``); an input split
   over one mesh dim keeps DTensor's own handler, which gathers only each piece's winner.
