@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from keras_dtensor_mixfix._torch.versions import release_of
 from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
@@ -20,29 +21,26 @@ import torch_argmax_2d  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 
 
+def _run_repro(repro, *expected):
+    """Run ``repro`` on 4 ranks; a failure must be the torch bug it shows (every ``expected`` text in it)."""
+    try:
+        run_on_ranks(repro, world_size=4, timeout=300)
+    except RankError as error:
+        assert all(text in str(error) for text in expected), error
+        raise
+
+
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: DTensor's embedding on a 2-D mesh builds the _MaskPartial "
                           "mask from the ids before gathering them (IndexError); worked around in the Keras take")
 def test_embedding_with_ids_split_on_the_tables_other_mesh_axis():
-    try:
-        run_on_ranks(torch_embedding_mask_2d.repro, world_size=4, timeout=300)
-    except RankError as error:
-        assert "IndexError" in str(error) and "shape of the mask" in str(error), error
-        raise
-
-
-def _release():
-    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    _run_repro(torch_embedding_mask_2d.repro, "IndexError", "shape of the mask")
 
 
 # fixed in torch 2.15.0 (there the repro passes, and this test checks that it does); seen on 2.12.1 and 2.13.0;
 # 2.14 not checked
-@pytest.mark.xfail(_release() < (2, 15), strict=True, raises=RankError,
+@pytest.mark.xfail(release_of(torch.__version__) < (2, 15), strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: DTensor's argmax over a dim split on a 2-D mesh, one row per "
                           "rank, fails reshaping the gathered pieces; worked around in the Keras argmax/argmin")
 def test_argmax_over_a_dim_split_on_a_2d_mesh_with_one_row_per_rank():
-    try:
-        run_on_ranks(torch_argmax_2d.repro, world_size=4, timeout=300)
-    except RankError as error:
-        assert "RuntimeError" in str(error) and "is invalid for input of size" in str(error), error
-        raise
+    _run_repro(torch_argmax_2d.repro, "RuntimeError", "is invalid for input of size")
