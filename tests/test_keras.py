@@ -217,9 +217,39 @@ def test_every_input_kind(input_kind):
     run_on_ranks(keras_fit, 2, "model_parallel", "sgd_nesterov", input_kind, world_size=2, timeout=600)
 
 
-@pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (2, "data_parallel")])
+def keras_fit_compiled(world_size, kind):
+    """``keras_fit`` with ``jit_compile=True``; returns what dynamo compiled and with which backend."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    backends = []
+    real_compile = torch.compile
+
+    def recording_compile(*args, **kwargs):  # Keras' own call, as the integration passes it on
+        backends.append((kwargs.get("backend", "inductor"), kwargs.get("dynamic")))
+        return real_compile(*args, **kwargs)
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile = recording_compile
+    try:
+        keras_fit(world_size, kind, "adam", "numpy", True)
+    finally:
+        torch.compile = real_compile
+    return backends, counters["stats"]["unique_graphs"], sum(counters["inductor"].values())
+
+
+# every layout compiled by Keras' own backend (inductor), with static shapes, equal to one process (keras_fit)
+@pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (4, "model_parallel_2d"), (2, "data_parallel"),
+                                              (4, "data_parallel_devices")])
 def test_jit_compile(world_size, kind):
-    run_on_ranks(keras_fit, world_size, kind, "adam", "numpy", True, world_size=world_size, timeout=600)
+    backends, graphs, inductor_events = run_on_ranks(keras_fit_compiled, world_size, kind, world_size=world_size,
+                                                     timeout=600)[0]
+    assert backends and set(backends) <= {("inductor", False), ("inductor", None)}, backends
+    if not KERAS_OWN_DISTRIBUTION or kind.startswith("data_parallel"):  # under ModelParallel: ours, static shapes
+        assert ("inductor", False) in backends, backends
+    assert graphs >= 3 and inductor_events > 0, (graphs, inductor_events)  # train, test, predict steps
 
 
 # --------------------------------------------------------------------------- save / load across world sizes

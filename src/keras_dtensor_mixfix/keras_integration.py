@@ -14,7 +14,7 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
   with logs and predictions returned as plain global tensors;
 - non-tf.data inputs accepted in multi-process runs (each process iterates the global batch
   and keeps its slice; with ``distribution.auto_shard_dataset = False`` each process feeds its own shard);
-- ``jit_compile=True`` under a distribution compiles with ``aot_eager`` and static shapes;
+- ``jit_compile=True`` under a distribution compiles with Keras' own backend (inductor) and static shapes;
 - saving writes files from rank 0 only (every rank still takes part in gathering);
 - on a Keras that wraps models in ``DistributedDataParallel`` when no distribution is set (3.16),
   a model with sharded weights is not wrapped (DDP cannot broadcast DTensors).

@@ -1,11 +1,16 @@
 """``jit_compile=True`` under a distribution.
 
-Keras' ``torch.compile`` of a step that holds DTensors uses the ``aot_eager`` backend with static
-shapes: inductor gave wrong numbers for model-sharded DTensor steps on CPU (also without this
-package), and dynamic shapes fail to retrace DTensor specs. On Keras 3.15.1 that applies under any
-distribution; on Keras 3.16, which refuses ``jit_compile`` under non-``DataParallel`` distributions
-because of its dispatch mode, it applies where our promotion replaced that mode
-(:mod:`.promotion_mode`), and ``DataParallel`` compiles as Keras does.
+Keras' ``torch.compile`` of a step that holds DTensors keeps Keras' own backend (torch's default,
+inductor) and asks for static shapes: with automatic dynamic shapes, the recompile that follows a
+new batch size fails to retrace DTensor specs. On Keras 3.15.1 that applies under any distribution;
+on Keras 3.16, which refuses ``jit_compile`` under non-``DataParallel`` distributions because of its
+dispatch mode, it applies where our promotion replaced that mode (:mod:`.promotion_mode`), and
+``DataParallel`` compiles as Keras does.
+
+The backend was ``aot_eager`` before, after a report of inductor giving wrong numbers for
+model-sharded steps on CPU; it never reproduced (sharded MLP and keras_hub steps compiled by inductor
+equal eager to float reassociation on torch 2.12-2.15: ``tests/test_keras.py``,
+``tests/test_keras_hub.py``), and ``aot_eager`` gave no speed.
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ def install(patches: Patches) -> None:
     patches.set(trainer_class, "train_step", train_step)
 
 
-def static_aot_eager(trainer: Any) -> bool:
-    """Whether ``trainer``'s step functions are to be compiled with ``aot_eager`` and static shapes."""
+def static_shapes(trainer: Any) -> bool:
+    """Whether ``trainer``'s step functions are to be compiled with static shapes (under a distribution)."""
     if not trainer.jit_compile or trainer.run_eagerly:
         return False
     if keras_modules.native_promotion_mode():
@@ -49,11 +54,13 @@ def static_aot_eager(trainer: Any) -> bool:
     return keras_modules.distribution() is not None
 
 
-def make_with_static_aot_eager(original_make: Callable[..., Any], trainer: Any, force: bool) -> None:
+def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, force: bool) -> None:
+    """``original_make(trainer, force=force)``, its ``torch.compile`` asked for static shapes (Keras passes
+    no options: the backend stays Keras' own)."""
     import torch
 
     real_compile = torch.compile
-    torch.compile = functools.partial(real_compile, backend="aot_eager", dynamic=False)  # type: ignore[assignment]
+    torch.compile = functools.partial(real_compile, dynamic=False)  # type: ignore[assignment]
     try:
         original_make(trainer, force=force)
     finally:

@@ -4,7 +4,7 @@ Each ``make_*_function`` is wrapped so that its step, while a distribution is in
 
 - brings Keras' own promotion mode in line with the patch state in the running thread
   (:func:`.promotion_mode.sync`; Keras 3.16);
-- compiles with ``aot_eager`` and static shapes where :func:`.compile.static_aot_eager` says so;
+- compiles with static shapes where :func:`.compile.static_shapes` says so;
 - on a Keras without data distribution of its own (3.15.1): receives its batches distributed along
   the batch axis, and returns logs and predictions as plain global tensors. Each process feeds the
   global batch and keeps its slice (no communication); with ``distribution.auto_shard_dataset =
@@ -37,8 +37,8 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
         if existing is not None and not force:
             return existing
         promotion_mode.sync()  # whether Keras compiles depends on it
-        if compile_step.static_aot_eager(self):
-            compile_step.make_with_static_aot_eager(original_make, self, force)
+        if compile_step.static_shapes(self):
+            compile_step.make_with_static_shapes(original_make, self, force)
         else:
             original_make(self, force=force)
         inner = getattr(self, attribute)
