@@ -247,8 +247,9 @@ def test_jit_compile(world_size, kind):
     backends, graphs, inductor_events = run_on_ranks(keras_fit_compiled, world_size, kind, world_size=world_size,
                                                      timeout=600)[0]
     assert backends and set(backends) <= {("inductor", False), ("inductor", None)}, backends
-    if not KERAS_OWN_DISTRIBUTION or kind.startswith("data_parallel"):  # under ModelParallel: ours, static shapes
-        assert ("inductor", False) in backends, backends
+    # ours, with static shapes, except DataParallel on Keras 3.16, which compiles as Keras alone does
+    ours = not KERAS_OWN_DISTRIBUTION or not kind.startswith("data_parallel")
+    assert ("inductor", False if ours else None) in backends, backends
     assert graphs >= 3 and inductor_events > 0, (graphs, inductor_events)  # train, test, predict steps
 
 
