@@ -11,6 +11,8 @@ pytest_plugins = ["pytester"]
 _UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
 _MODEL_FILES = ("test_keras_hub", "test_jax_reference")
 """Files whose names start so hold real-model tests (keras_hub, JAX references): `pytest -m models`."""
+_KERAS_FILES = ("test_keras",)
+"""Files whose names start so test the Keras integration: `pytest -m keras` (CI skips them on the oldest torch)."""
 
 
 def pytest_configure(config):
@@ -18,6 +20,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
     config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/test_keras_hub*.py, "
                                        "tests/test_jax_reference*.py); they skip without keras_hub or jax")
+    config.addinivalue_line("markers", "keras: the Keras integration (tests/test_keras*.py); CI runs them on the newest "
+                                       "torch and on 2.13.0, not on the oldest")
     config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
 
 
@@ -31,3 +35,5 @@ def pytest_collection_modifyitems(config, items):
         # and the file name which tests need the model packages (CI runs them in their own environment)
         if os.path.basename(str(item.fspath)).startswith(_MODEL_FILES):
             item.add_marker(pytest.mark.models)
+        if os.path.basename(str(item.fspath)).startswith(_KERAS_FILES):
+            item.add_marker(pytest.mark.keras)
