@@ -197,7 +197,8 @@ COLLECTIVES = "collectives (gloo, incl. waiting for the other rank)"
 
 def _bucket(filename: str, function: str) -> str:
     if filename == "~":  # a built-in: kernels, autograd engine, collectives
-        if "_c10d_functional" in function or "wait_tensor" in function:
+        # DTensor's functional collectives, and c10d's own (``dist.all_reduce``: the vocabulary-parallel loss)
+        if "_c10d_functional" in function or "wait_tensor" in function or "_distributed_c10d" in function:
             return COLLECTIVES
         return "local kernels, autograd engine and other C++"
     # functional collectives reach gloo through torch.library's autograd wrapper, whose redispatch
