@@ -360,8 +360,10 @@ def report(name: str, rows: Dict[str, Any]) -> None:
         jax_first = rows[JAX]["first_s"]
         print(f"- first step, {RANKS}-rank eager ÷ JAX: {first / jax_first:.2f} (target ≤ 1: "
               f"{'PASS' if first <= jax_first else 'MISS'})")
-    else:
+    elif not _jax_available():
         print("- JAX not installed: no P8 ratio (pip install \"jax[cpu]\")")
+    else:
+        print("- no JAX row in this run (--variants): no P8 ratio")
     print(f"- P9 {RANKS}-rank jit_compile ÷ eager: {jit / eager:.2f} (target ≤ {P9_TARGET}: "
           f"{'PASS' if jit / eager <= P9_TARGET else 'MISS'})")
     print(f"- {RANKS}-rank eager ÷ 1-process eager: {eager / median.get('torch, 1 process, eager', nan):.2f}")
