@@ -3,13 +3,19 @@
     python benchmarks/keras_model_step.py                  # both models, every variant (~4 min)
     python benchmarks/keras_model_step.py --models mlp --no-breakdown
     python benchmarks/keras_model_step.py --models gemma --mesh 2x2   # 4 ranks, batch split over 2
+    python benchmarks/keras_model_step.py --size compute --models gemma,llama3   # issue 21's P10 size
 
-Models (tiny, random, fixed data, Keras' default ``jit_compile`` unless a row says otherwise):
+Models (random, fixed data, Keras' default ``jit_compile`` unless a row says otherwise):
 
-- ``gemma``: keras_hub ``GemmaCausalLM`` (vocabulary 1000, 2 layers, hidden 64, 4 heads of 16,
-  feed-forward 128), Adam, 8 sequences of 32 tokens, sharded by ``GemmaBackbone.get_layout_map``
-  (needs keras_hub: ``pip install --no-deps keras-hub==0.32.0 tokenizers sentencepiece`` and
-  ``pip install regex kagglehub``);
+- ``gemma`` and ``llama3``: keras_hub ``GemmaCausalLM`` / ``Llama3CausalLM``, Adam, sharded by the
+  backbone's own ``get_layout_map`` (needs keras_hub: ``pip install --no-deps keras-hub==0.32.0
+  tokenizers sentencepiece`` and ``pip install regex kagglehub``), at ``--size``
+
+  - ``tiny`` (default): vocabulary 1000, 2 layers, hidden 64, 4 heads of 16 (Llama3: 2 key/value
+    heads), ``intermediate_dim`` 128, 8 sequences of 32 tokens: the step is dispatch-bound;
+  - ``compute``: vocabulary 8000, 4 layers, hidden 512, 8 heads of 64 (8 key/value heads),
+    ``intermediate_dim`` 2048 (Gemma's gated feed-forward halves it: two 1024-wide kernels),
+    8 sequences of 128 tokens: the step is compute-bound (issue 21, P10);
 - ``mlp``: 2 blocks of Dense 256→1024 (relu, column-sharded) → Dense 1024→256 (row-sharded) →
   LayerNorm, AdamW, batch 64.
 
@@ -17,11 +23,14 @@ Variants, each in fresh processes: torch in one process (eager, ``jit_compile=Tr
 gloo ranks under ``ModelParallel`` on a ("batch", "model") mesh with this package (eager,
 ``jit_compile=True``; ``--mesh``, default 1x2: N = 2); JAX on N virtual CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=N``, the same mesh and layout map; skipped when
-jax is not installed). Every torch process runs one intra-op thread.
+jax is not installed). Every torch process runs one intra-op thread, except the row "1 process, eager,
+2 threads": one process using the cores the N ranks use (``torch.set_num_threads(N)``), the
+reference of P10.
 Figures: the first step (tracing and compiling included) and the median of steps 3–11; on N ranks a
 step ends when the slower rank ends. The breakdown profiles 5 more eager steps on rank 0 with
-cProfile (its shares, scaled to the unprofiled step time) and counts one step's collectives and
-their bytes with a dispatch mode.
+cProfile (its shares, scaled to the unprofiled step time) and counts one step's collectives, their
+bytes and the wall time spent in them (issue to completion, waiting for the other ranks included)
+with a dispatch mode.
 """
 
 from __future__ import annotations
@@ -38,15 +47,39 @@ from typing import Any, Dict, List, Optional
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"  # the benchmark installs what it measures explicitly
 
-STEPS = 12
+STEPS = int(os.environ.get("MIXFIX_BENCH_STEPS", "12"))
+"""Steps per variant (``--steps``); the first two are left out of the median."""
 MESH = tuple(int(n) for n in os.environ.get("MIXFIX_BENCH_MESH", "1x2").split("x"))
 """The ("batch", "model") mesh of the distributed variants (``--mesh`` sets it for every worker)."""
 RANKS = MESH[0] * MESH[1]
-GEMMA = dict(vocabulary_size=1000, num_layers=2, num_query_heads=4, num_key_value_heads=4, hidden_dim=64,
-             intermediate_dim=128, head_dim=16)
+SIZE = os.environ.get("MIXFIX_BENCH_SIZE", "tiny")
+SIZES = {
+    "tiny": dict(config=dict(vocabulary_size=1000, num_layers=2, num_query_heads=4, num_key_value_heads=4,
+                             hidden_dim=64, intermediate_dim=128, head_dim=16), batch=8, length=32),
+    "compute": dict(config=dict(vocabulary_size=8000, num_layers=4, num_query_heads=8, num_key_value_heads=8,
+                                hidden_dim=512, intermediate_dim=2048, head_dim=64), batch=8, length=128),
+}
+HUB_MODELS = {  # name: (backbone, causal LM, config changes); Llama3 takes no head_dim (hidden / heads)
+    "gemma": ("GemmaBackbone", "GemmaCausalLM", {}),
+    "llama3": ("Llama3Backbone", "Llama3CausalLM", {"head_dim": None}),
+}
 P8_TARGET, P9_TARGET = 2.0, 0.7
+P10_JAX_TARGET, P10_ONE_PROCESS_TARGET = 0.9, 1.15
 RANKED = f"torch, {RANKS} ranks ModelParallel {MESH[0]}x{MESH[1]} + package"
 JAX = f"JAX, {RANKS} virtual CPU devices {MESH[0]}x{MESH[1]}, jit"
+ONE_PROCESS_SAME_CORES = f"torch, 1 process, eager, {RANKS} threads"
+
+
+def _hub_config(name: str) -> Dict[str, Any]:
+    config = dict(SIZES[SIZE]["config"])
+    if SIZE == "tiny" and name == "llama3":
+        config["num_key_value_heads"] = 2  # grouped-query attention, as Llama3 ships
+    for key, value in HUB_MODELS[name][2].items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
+    return config
 
 
 # ----------------------------------------------------------------------------- the models
@@ -55,10 +88,10 @@ JAX = f"JAX, {RANKS} virtual CPU devices {MESH[0]}x{MESH[1]}, jit"
 def _layout_map(name: str, mesh: Any) -> Any:
     import keras
 
-    if name == "gemma":
+    if name in HUB_MODELS:
         import keras_hub
 
-        return keras_hub.models.GemmaBackbone.get_layout_map(mesh)
+        return getattr(keras_hub.models, HUB_MODELS[name][0]).get_layout_map(mesh)
     layout_map = keras.distribution.LayoutMap(mesh)
     layout_map[".*up./kernel"] = (None, "model")
     layout_map[".*up./bias"] = ("model",)
@@ -78,14 +111,16 @@ def build(name: str, jit: bool, distributed: bool) -> Any:
             keras.distribution.ModelParallel(layout_map=_layout_map(name, mesh), batch_dim_name="batch"))
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    if name == "gemma":
+    if name in HUB_MODELS:
         import keras_hub
 
-        backbone = keras_hub.models.GemmaBackbone(**GEMMA)
-        model = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+        config = _hub_config(name)
+        backbone = getattr(keras_hub.models, HUB_MODELS[name][0])(**config)
+        model = getattr(keras_hub.models, HUB_MODELS[name][1])(backbone=backbone, preprocessor=None)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
-        ids = rng.integers(1, GEMMA["vocabulary_size"], size=(8, 32)).astype("int32")
+        size = SIZES[SIZE]
+        ids = rng.integers(1, config["vocabulary_size"], size=(size["batch"], size["length"])).astype("int32")
         return model, {"token_ids": ids, "padding_mask": np.ones(ids.shape, bool)}, ids
     layers: List[Any] = [keras.Input((256,))]
     for block in range(2):
@@ -112,10 +147,10 @@ def _timed_steps(model: Any, x: Any, y: Any, barrier: Any) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- workers
 
 
-def torch_single(name: str, jit: bool) -> Dict[str, Any]:
+def torch_single(name: str, jit: bool, threads: int = 1) -> Dict[str, Any]:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     model, x, y = build(name, jit, distributed=False)
     return _timed_steps(model, x, y, lambda: None)
 
@@ -162,7 +197,8 @@ COLLECTIVES = "collectives (gloo, incl. waiting for the other rank)"
 
 def _bucket(filename: str, function: str) -> str:
     if filename == "~":  # a built-in: kernels, autograd engine, collectives
-        if "_c10d_functional" in function or "wait_tensor" in function:
+        # DTensor's functional collectives, and c10d's own (``dist.all_reduce``: the vocabulary-parallel loss)
+        if "_c10d_functional" in function or "wait_tensor" in function or "_distributed_c10d" in function:
             return COLLECTIVES
         return "local kernels, autograd engine and other C++"
     # functional collectives reach gloo through torch.library's autograd wrapper, whose redispatch
@@ -196,10 +232,13 @@ def _profile_shares(model: Any, x: Any, y: Any, steps: int) -> Dict[str, float]:
 
 
 def _collectives(model: Any, x: Any, y: Any) -> Dict[str, Any]:
-    """One step's collectives: count and bytes (each call's local input) per kind.
+    """One step's collectives: count, bytes (each call's local input) per kind, and the wall time in them.
 
     A dispatch mode of our own rather than ``CommDebugMode``: its module tracker fails inside
-    Keras' nested layers (``IndexError`` in ``ModuleTracker``, torch 2.13).
+    Keras' nested layers (``IndexError`` in ``ModuleTracker``, torch 2.13). The time is each
+    collective's issue plus its ``wait_tensor`` (functional collectives are asynchronous: the wait
+    is where a rank sits until the others arrive and the bytes have moved); the mode slows every
+    op a little on every rank, so the waits carry some of that skew too.
     """
     import torch
     from torch.distributed.tensor import DTensor
@@ -207,37 +246,48 @@ def _collectives(model: Any, x: Any, y: Any) -> Dict[str, Any]:
 
     counts: Dict[str, int] = {}
     sizes: Dict[str, int] = {}
+    seconds = [0.0]
 
     class CountCollectives(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if any(issubclass(t, DTensor) for t in types):
                 return NotImplemented  # let DTensor run first and desugar into collectives on local tensors
             name = func._overloadpacket.__name__
-            if func.namespace == "_c10d_functional" and name.startswith(("all_", "reduce_", "broadcast")):
+            collective = func.namespace in ("_c10d_functional", "c10d") and name.startswith(
+                ("all", "reduce", "broadcast"))
+            if collective:
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
                 counts[name] = counts.get(name, 0) + 1
                 sizes[name] = sizes.get(name, 0) + sum(t.numel() * t.element_size() for t in tensors)
-            return func(*args, **(kwargs or {}))
+            if not collective and name != "wait_tensor":
+                return func(*args, **(kwargs or {}))
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            if func.namespace == "c10d" and isinstance(out, (tuple, list)) and hasattr(out[-1], "wait"):
+                out[-1].wait()  # a c10d op returns its Work: wait here so the time is the collective's
+            seconds[0] += time.perf_counter() - start
+            return out
 
     with CountCollectives():
         model.train_on_batch(x, y)
-    return {"total": sum(counts.values()), "counts": counts, "bytes": sizes}
+    return {"total": sum(counts.values()), "counts": counts, "bytes": sizes, "ms": seconds[0] * 1e3}
 
 
 # ----------------------------------------------------------------------------- driver
 
 
-def _in_subprocess(kind: str, name: str, jit: bool, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, name, str(int(jit))]
+def _in_subprocess(kind: str, name: str, jit: bool, env: Optional[Dict[str, str]] = None,
+                   threads: int = 1) -> Dict[str, Any]:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", kind, name, str(int(jit)), str(threads)]
     done = subprocess.run(command, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} {name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _worker(kind: str, name: str, jit: bool) -> None:
-    result = jax_devices(name) if kind == "jax" else torch_single(name, jit)
+def _worker(kind: str, name: str, jit: bool, threads: int) -> None:
+    result = jax_devices(name) if kind == "jax" else torch_single(name, jit, threads)
     print(json.dumps(result))
 
 
@@ -247,7 +297,11 @@ def _jax_available() -> bool:
     return importlib.util.find_spec("jax") is not None
 
 
-def measure(name: str, breakdown: bool) -> Dict[str, Any]:
+VARIANTS = ("one", "one-cores", "one-jit", "eager", "jit", "jax")
+"""``--variants`` names of the rows, in the order they run."""
+
+
+def measure(name: str, breakdown: bool, variants: Any = VARIANTS) -> Dict[str, Any]:
     from keras_dtensor_mixfix.testing import run_on_ranks
 
     rows: Dict[str, Any] = {}
@@ -265,11 +319,16 @@ def measure(name: str, breakdown: bool) -> Dict[str, Any]:
         merged["first_s"] = max(r["first_s"] for r in per_rank)
         return merged
 
-    attempt("torch, 1 process, eager", lambda: _in_subprocess("torch", name, False))
-    attempt("torch, 1 process, jit_compile", lambda: _in_subprocess("torch", name, True))
+    if "one" in variants:
+        attempt("torch, 1 process, eager", lambda: _in_subprocess("torch", name, False))
+    if "one-cores" in variants:
+        attempt(ONE_PROCESS_SAME_CORES, lambda: _in_subprocess("torch", name, False, threads=RANKS))
+    if "one-jit" in variants:
+        attempt("torch, 1 process, jit_compile", lambda: _in_subprocess("torch", name, True))
     for jit in (False, True):
-        attempt(f"{RANKED}, {'jit_compile' if jit else 'eager'}", lambda jit=jit: on_ranks(jit))
-    if _jax_available():
+        if ("jit" if jit else "eager") in variants:
+            attempt(f"{RANKED}, {'jit_compile' if jit else 'eager'}", lambda jit=jit: on_ranks(jit))
+    if "jax" in variants and _jax_available():
         attempt(JAX, lambda: _in_subprocess(
             "jax", name, True, {"KERAS_BACKEND": "jax", "XLA_FLAGS": f"--xla_force_host_platform_device_count={RANKS}",
                                 "JAX_PLATFORMS": "cpu"}))
@@ -278,7 +337,7 @@ def measure(name: str, breakdown: bool) -> Dict[str, Any]:
 
 def report(name: str, rows: Dict[str, Any]) -> None:
     print(f"\n### {name}\n")
-    print("| variant | first step | step, median of 3–11 | min |")
+    print(f"| variant | first step | step, median of 3–{STEPS - 1} | min |")
     print("|---|---|---|---|")
     for variant, row in rows.items():
         if "error" in row:
@@ -301,11 +360,20 @@ def report(name: str, rows: Dict[str, Any]) -> None:
         jax_first = rows[JAX]["first_s"]
         print(f"- first step, {RANKS}-rank eager ÷ JAX: {first / jax_first:.2f} (target ≤ 1: "
               f"{'PASS' if first <= jax_first else 'MISS'})")
-    else:
+    elif not _jax_available():
         print("- JAX not installed: no P8 ratio (pip install \"jax[cpu]\")")
+    else:
+        print("- no JAX row in this run (--variants): no P8 ratio")
     print(f"- P9 {RANKS}-rank jit_compile ÷ eager: {jit / eager:.2f} (target ≤ {P9_TARGET}: "
           f"{'PASS' if jit / eager <= P9_TARGET else 'MISS'})")
     print(f"- {RANKS}-rank eager ÷ 1-process eager: {eager / median.get('torch, 1 process, eager', nan):.2f}")
+    same_cores = median.get(ONE_PROCESS_SAME_CORES, nan)
+    for target, (against, value) in ((P10_JAX_TARGET, ("JAX", jax if jax is not None else nan)),
+                                     (P10_ONE_PROCESS_TARGET, (f"1 process on {RANKS} cores", same_cores))):
+        ratio = best / value
+        verdict = "n/a" if ratio != ratio else "PASS" if ratio <= target else "MISS"
+        print(f"- P10 {RANKS}-rank step (best of eager/jit) ÷ {against}: {ratio:.2f} (target ≤ {target}: {verdict}); "
+              f"eager ÷ {against} {eager / value:.2f}")
     ranked = rows.get(f"{RANKED}, eager", {})
     if "profile" in ranked:
         print(f"\nWhere an eager {RANKS}-rank step's {eager:.1f} ms go (rank 0, cProfile shares scaled to the step):\n")
@@ -317,6 +385,7 @@ def report(name: str, rows: Dict[str, Any]) -> None:
         kinds = ", ".join(f"{kind} {n} ({comms['bytes'].get(kind, 0) / 1024:.0f} KiB)"
                           for kind, n in sorted(comms["counts"].items()))
         print(f"\nCollectives per step (rank 0): {comms['total']}: {kinds or 'none'}; "
+              f"{comms['ms']:.1f} ms in them (issue to wait, under the counting mode); "
               f"mixed operands promoted by the package per step: {ranked['promotions_per_step']:g}")
 
 
@@ -326,23 +395,31 @@ def main() -> int:
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--mesh", default="x".join(map(str, MESH)),
                         help="the (batch, model) mesh of the distributed variants, e.g. 2x2 (4 ranks)")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--size", choices=sorted(SIZES), default=SIZE,
+                        help="tiny (dispatch-bound) or compute (issue 21's compute-bound size); see the docstring")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"rows to run, of {','.join(VARIANTS)} (one-cores: 1 process on the ranks' cores)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps per variant (at least 3)")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        _worker(args.worker[0], args.worker[1], bool(int(args.worker[2])))
+        _worker(args.worker[0], args.worker[1], bool(int(args.worker[2])), int(args.worker[3]))
         return 0
-    if args.mesh != "x".join(map(str, MESH)):  # the workers (rank pools, subprocesses) read it at import
-        os.environ["MIXFIX_BENCH_MESH"] = args.mesh
+    wanted = {"MIXFIX_BENCH_MESH": args.mesh, "MIXFIX_BENCH_SIZE": args.size, "MIXFIX_BENCH_STEPS": str(args.steps)}
+    if any(os.environ.get(key) != value for key, value in wanted.items()):
+        # the workers (rank pools, subprocesses) read these at import
+        os.environ.update(wanted)
         os.execv(sys.executable, [sys.executable, *sys.argv])
     from keras_dtensor_mixfix.testing import shutdown_workers
 
     import torch
 
-    print(f"torch {torch.__version__}, {RANKS} gloo ranks on 127.0.0.1, mesh {MESH}; load average at start "
-          f"{os.getloadavg()[0]:.1f}")
+    print(f"torch {torch.__version__}, {RANKS} gloo ranks on 127.0.0.1, mesh {MESH}, size {SIZE}, {STEPS} steps; "
+          f"load average at start {os.getloadavg()[0]:.1f}")
     try:
         for name in args.models.split(","):
-            report(name, measure(name, breakdown=not args.no_breakdown))
+            report(name, measure(name, breakdown=not args.no_breakdown, variants=args.variants.split(",")))
+            print(f"\n(load average after {name}: {os.getloadavg()[0]:.1f})")
     finally:
         shutdown_workers()
     return 0

@@ -32,8 +32,8 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (backend_lib, compile, data, ddp, keras_modules, local_einsum, promotion_mode, reductions,
-                     saving, sharded_ops, values, variables)
+from ._keras import (backend_lib, compile, data, ddp, einsum_kernel_split, keras_modules, local_einsum,
+                     promotion_mode, reductions, saving, sharded_ops, values, variables, vocab_parallel_loss)
 from ._keras.patches import Patches
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -96,9 +96,12 @@ def install() -> bool:
                 added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
             sharded_ops.install(patches)
             local_einsum.install(patches)
+            einsum_kernel_split.install(patches)  # wraps local_einsum's einsum: installed after it
             added.append("ops: einsum runs on local pieces where shardings line up (or are lined up), take gathers "
                          "a table split where its ids are and settles masked partials, slice_update replicates "
                          "sharded inputs, attention runs on local rows and heads")
+            vocab_parallel_loss.install(patches)
+            added.append("loss: sparse categorical cross-entropy over class-split logits never gathers them")
             if keras_modules.native_promotion_mode():
                 promotion_mode.install(patches)
                 _mode_replaced = True

@@ -1,0 +1,51 @@
+"""A kernel split along its contracted input dim is re-split along its first output label (``_keras/einsum_kernel_split.py``).
+
+Keras' einsum of a whole activation and a Keras variable split along the hidden dim (keras_hub
+Llama's query kernel) on 2 gloo ranks: the result is split along the heads (no partial sum to
+reduce), and its value and both gradients equal one process's.
+"""
+
+from __future__ import annotations
+
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+
+def projection(x, kernel, kernel_placements):
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh((1, 2), ("batch", "model"))
+        weight = torch.nn.Parameter(distribute_tensor(kernel, device_mesh, list(kernel_placements)))
+        x_leaf = distribute_tensor(x, device_mesh, [Replicate(), Replicate()]).requires_grad_()
+        out = keras.ops.einsum("btd,dnh->btnh", x_leaf, weight)
+        placements = str(tuple(out.placements))
+        scale = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)
+        (out * scale).sum().backward()
+        return dict(out=out.detach().full_tensor(), placements=placements, x_grad=x_leaf.grad.full_tensor(),
+                    kernel_grad=weight.grad.full_tensor(), kernel_grad_placements=str(tuple(weight.grad.placements)))
+    finally:
+        keras_integration.uninstall()
+
+
+def test_hidden_split_query_kernel_is_split_by_heads_and_equals_single_process():
+    import torch
+    from torch.distributed.tensor import Shard
+
+    torch.manual_seed(0)
+    x, kernel = torch.randn(2, 6, 8), torch.randn(8, 4, 3)
+    reference_x, reference_kernel = x.clone().requires_grad_(), kernel.clone().requires_grad_()
+    out = torch.einsum("btd,dnh->btnh", reference_x, reference_kernel)
+    (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+    # keras_hub's layout on a (1, 2) mesh: the heads over "batch" (size 1), the hidden dim over "model"
+    for result in run_on_ranks(projection, x, kernel, (Shard(1), Shard(0)), world_size=2, timeout=300):
+        assert result["placements"] == "(Replicate(), Shard(dim=2))", result["placements"]  # the heads, no Partial
+        torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result["kernel_grad"], reference_kernel.grad, rtol=1e-5, atol=1e-6)
+        assert result["kernel_grad_placements"] == "(Shard(dim=1), Shard(dim=0))"  # the kernel's own layout
