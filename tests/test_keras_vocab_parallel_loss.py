@@ -150,6 +150,64 @@ def test_ignore_class_takes_the_vocabulary_parallel_path_from_logits_false_keras
     _check(results, _reference(probabilities, target, weights, from_logits=False), vocab_parallel=False)
 
 
+def compiled_sharded_loss(logits, target, weights, mesh_shape, logits_placements):
+    """On each rank: the loss and the logits' gradient (whole) from a torch.compile'd step, and the
+    collectives in the graphs it compiled (forward and backward, as AOTAutograd hands them over)."""
+    import torch
+    import torch._dynamo
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    collectives = []
+
+    def record(graph, example_inputs):
+        collectives.extend(node.target.__name__ for node in graph.graph.nodes
+                           if node.op == "call_function" and "_c10d_functional" in str(node.target))
+        return make_boxed_func(graph.forward)
+
+    torch._dynamo.reset()
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh(mesh_shape, ("batch", "model"))
+        leaf = torch.nn.Parameter(distribute_tensor(logits, device_mesh, list(logits_placements)))
+        row_weights = torch.linspace(0.5, 1.5, target.numel()).reshape(target.shape)
+
+        def step(leaf, target, weights):
+            total, rows = _loss(leaf, target, weights, True, None)
+            return total + (rows * row_weights).sum()
+
+        compiled = torch.compile(step, backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+        out = compiled(leaf, target, weights)
+        out.backward()
+        return dict(out=out.detach().full_tensor(), grad=leaf.grad.full_tensor(), collectives=collectives)
+    finally:
+        keras_integration.uninstall()
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))])
+def test_compiled_step_reduces_over_the_class_pieces_without_gathering_them(world_size, mesh_shape):
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    logits, target, weights = _data(31, seed=world_size)
+    placements = (Replicate(), Shard(2)) if mesh_shape[0] == 1 else (Shard(0), Shard(2))
+    results = run_on_ranks(compiled_sharded_loss, logits, target, weights, mesh_shape, placements,
+                           world_size=world_size, timeout=600)
+    total, rows, grad = _reference(logits, target, weights)
+    want = total + (rows * torch.linspace(0.5, 1.5, rows.numel()).reshape(rows.shape)).sum()
+    for rank, out in enumerate(results):
+        torch.testing.assert_close(out["out"], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}: {m}")
+        torch.testing.assert_close(out["grad"], grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} grad: {m}")
+        # traced through the vocabulary-parallel path: its all-reduces are in the graph, no gather of the logits
+        assert any(name.startswith("all_reduce") for name in out["collectives"]), out["collectives"]
+        assert not any(name.startswith("all_gather") for name in out["collectives"]), out["collectives"]
+
+
 def test_loss_is_keras_own_on_plain_tensors():
     """Installed, the wrapper hands plain tensors to Keras' function: the same values and gradients, bit for bit."""
     import keras
