@@ -29,6 +29,11 @@ strided shards, other partial reductions) goes to DTensor as before. The pieces 
 the gradient of an operand that was whole where the work was split is a partial sum
 (``gradient_placements``), reduced where it meets the rest of the gradient, as in tensor-parallel
 training.
+
+The same path runs while ``torch.compile`` traces (Keras' ``jit_compile``): ``to_local`` and
+``from_local`` with explicit shape and stride trace on torch 2.13, and the planning is plain Python
+on placements, written so TorchDynamo can follow it (``_exactly``). Left to DTensor, compiled
+attention failed sharding propagation of ``aten.bmm`` on a strided shard under fake tensors.
 """
 
 from __future__ import annotations
