@@ -55,7 +55,9 @@ def _reference(subscripts, shapes):
     return out.detach().numpy(), [t.grad.numpy() for t in operands]
 
 
-def einsum_on_ranks(cases, mesh_shape):
+def einsum_on_ranks(cases, mesh_shape, compiled=False):
+    """Each case's value and gradients on this rank, eager or (``compiled``) through ``torch.compile``
+    (``aot_eager``, the whole einsum in one graph; the backward is the compiled graph's)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -83,7 +85,13 @@ def einsum_on_ranks(cases, mesh_shape):
                 operand = distribute_tensor(tensor, mesh, placements, src_data_rank=None)
             operands.append(operand.detach().requires_grad_())
         local_calls.clear()
-        out = einsum(subscripts, *operands)
+        if compiled:
+            torch._dynamo.reset()  # a fresh trace per case: local_calls records what the trace ran
+            step = torch.compile(lambda *ops: einsum(subscripts, *ops), backend="aot_eager", fullgraph=True,
+                                 dynamic=False)
+            out = step(*operands)
+        else:
+            out = einsum(subscripts, *operands)
         weight = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
         (out.full_tensor() * weight).sum().backward()
         results.append({"local": local_calls == [True], "value": out.full_tensor().detach().numpy(),
@@ -91,10 +99,11 @@ def einsum_on_ranks(cases, mesh_shape):
     return results
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("cases, world_size, mesh_shape", [(CASES_1D, 2, (2,)), (CASES_2D, 4, (2, 2))],
                          ids=["2 ranks", "2x2 mesh"])
-def test_einsum_values_and_gradients_equal_one_process(cases, world_size, mesh_shape):
-    per_rank = run_on_ranks(einsum_on_ranks, cases, mesh_shape, world_size=world_size, timeout=300)
+def test_einsum_values_and_gradients_equal_one_process(cases, world_size, mesh_shape, compiled):
+    per_rank = run_on_ranks(einsum_on_ranks, cases, mesh_shape, compiled, world_size=world_size, timeout=300)
     for index, (subscripts, shapes, names) in enumerate(cases):
         value, grads = _reference(subscripts, shapes)
         communicates = names == [("S1",), ("R",)]

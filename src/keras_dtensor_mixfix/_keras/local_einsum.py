@@ -29,6 +29,11 @@ strided shards, other partial reductions) goes to DTensor as before. The pieces 
 the gradient of an operand that was whole where the work was split is a partial sum
 (``gradient_placements``), reduced where it meets the rest of the gradient, as in tensor-parallel
 training.
+
+The same path runs while ``torch.compile`` traces (Keras' ``jit_compile``): ``to_local`` and
+``from_local`` with explicit shape and stride trace on torch 2.13, and the planning is plain Python
+on placements, written so TorchDynamo can follow it (``_exactly``). Left to DTensor, compiled
+attention failed sharding propagation of ``aten.bmm`` on a strided shard under fake tensors.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ def plan(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]],
     sharded_labels: set = set()
     for mesh_dim in range(len(placements[0])):
         here = [p[mesh_dim] for p in placements]
-        if any(type(p) not in (Replicate, Shard, Partial) for p in here):
+        if not all(_exactly(p, Replicate, Shard, Partial) for p in here):
             return None  # strided shards, masked partials
         partial = [p for p in here if isinstance(p, Partial)]
         if partial:
@@ -122,7 +127,7 @@ def line_up(inputs: Sequence[str], output: str, placements: Sequence[Sequence[An
     changed = False
     for mesh_dim in range(len(placements[0])):
         here = [p[mesh_dim] for p in placements]
-        if any(type(p) not in (Replicate, Shard) for p in here):
+        if not all(_exactly(p, Replicate, Shard) for p in here):
             return None
         sharded = [(index, labels[p.dim]) for index, (labels, p) in enumerate(zip(inputs, here)) if isinstance(p, Shard)]
         if len({label for _, label in sharded}) < 2:
@@ -136,6 +141,13 @@ def line_up(inputs: Sequence[str], output: str, placements: Sequence[Sequence[An
                 lined[index][mesh_dim] = wanted
                 changed = True
     return [tuple(p) for p in lined] if changed else None
+
+
+def _exactly(placement: Any, *classes: Any) -> bool:
+    """Whether ``placement`` is of one of ``classes`` exactly (not a subclass: a strided shard, a
+    masked partial). Written with ``is``: TorchDynamo (torch 2.13) cannot trace ``type(p) in
+    (classes)``, which compares placement classes with ``==``."""
+    return any(type(placement) is cls for cls in classes)
 
 
 def label_sizes(inputs: Sequence[str], shapes: Sequence[Sequence[int]]) -> Optional[dict]:
@@ -173,8 +185,8 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     import torch
     from torch.distributed.tensor import DTensor
 
-    if not operands or not isinstance(subscripts, str) or torch.compiler.is_compiling():
-        return None  # while compiling, DTensor's own einsum is traced (a traced from_local failed, torch 2.13)
+    if not operands or not isinstance(subscripts, str):
+        return None
     # Keras variables (a layer's kernel) hold their DTensor as ``value``
     operands = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
     if not all(isinstance(o, DTensor) for o in operands):

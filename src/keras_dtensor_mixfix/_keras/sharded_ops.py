@@ -50,7 +50,9 @@ from .patches import Patches, rebind_everywhere
 def install(patches: Patches) -> None:
     numpy_module = keras_modules.backend_numpy()
     core = keras_modules.core()
-    rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take))
+    if not _SETTLE:
+        _SETTLE.append(_settle_function())
+    rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take, core.convert_to_tensor))
     for name in SETTLED_REDUCTIONS:
         original = getattr(numpy_module, name, None)
         if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
@@ -63,15 +65,19 @@ def install(patches: Patches) -> None:
     rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
 
 
-def _settled_take(original: Any) -> Any:
+def _settled_take(original: Any, convert_to_tensor: Any) -> Any:
+    # convert_to_tensor is looked up here, not in the call: TorchDynamo cannot trace the module
+    # lookup (importlib), and a graph break there, under Keras' name_scope, threw the whole layer
+    # call out of the graph
     @functools.wraps(original)
     def take(x: Any, indices: Any, axis: Any = None) -> Any:
-        return settle_mask_partial(original(whole_where_indices_split(x, indices), indices, axis=axis))
+        return settle_mask_partial(original(whole_where_indices_split(x, indices, convert_to_tensor), indices,
+                                            axis=axis))
 
     return take
 
 
-def whole_where_indices_split(table: Any, indices: Any) -> Any:
+def whole_where_indices_split(table: Any, indices: Any, convert_to_tensor: Any) -> Any:
     """``table`` gathered (differentiably) on the mesh dims where ``indices`` are split too.
 
     On a (batch, model) mesh keras_hub's layouts shard an embedding table over both axes (the
@@ -89,7 +95,7 @@ def whole_where_indices_split(table: Any, indices: Any) -> Any:
     if not isinstance(indices, DTensor):
         return table
     if not isinstance(table, DTensor) and hasattr(table, "value"):  # a Keras Variable
-        table = keras_modules.core().convert_to_tensor(table)
+        table = convert_to_tensor(table)
     if not isinstance(table, DTensor) or table.device_mesh != indices.device_mesh:
         return table
     wanted = tuple(Replicate() if not isinstance(own, Replicate) and not isinstance(theirs, Replicate) else own
@@ -101,6 +107,7 @@ def whole_where_indices_split(table: Any, indices: Any) -> Any:
 
 def settle_mask_partial(value: Any) -> Any:
     """A DTensor with a ``_MaskPartial`` placement, reduced on those mesh dims; anything else as is."""
+    import torch
     from torch.distributed.tensor import DTensor, Replicate
 
     from .._torch.api import is_masked_partial  # imports torch: not at module import
@@ -111,10 +118,17 @@ def settle_mask_partial(value: Any) -> Any:
     if not any(is_masked_partial(p) for p in placements):
         return value
     settled = [Replicate() if is_masked_partial(p) else p for p in placements]
-    return _settle_function().apply(value, tuple(settled))
+    if torch.compiler.is_compiling():
+        return value.redistribute(value.device_mesh, settled)
+    return _SETTLE[0].apply(value, tuple(settled))
 
 
-@functools.lru_cache(maxsize=None)  # one class, made on first use: torch is imported lazily here
+# The autograd.Function, made by install() (torch is imported lazily) and read from here while
+# tracing: TorchDynamo cannot trace a class definition, and an lru_cache'd factory that made the
+# class on first use broke the graph inside Keras' name_scope (the first use is traced)
+_SETTLE: list = []
+
+
 def _settle_function() -> Any:
     import torch
     from torch.distributed.tensor import Replicate
