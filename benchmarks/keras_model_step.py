@@ -63,7 +63,7 @@ HUB_MODELS = {  # name: (backbone, causal LM, config changes); Llama3 takes no h
     "gemma": ("GemmaBackbone", "GemmaCausalLM", {}),
     "llama3": ("Llama3Backbone", "Llama3CausalLM", {"head_dim": None}),
 }
-P8_TARGET, P9_TARGET = 2.0, 0.7
+P8_TARGET, P9_TARGET = 4.0, 0.6  # issue 21: tiny Gemma compiled ÷ JAX; jit_compile ÷ eager
 P10_JAX_TARGET, P10_ONE_PROCESS_TARGET = 0.9, 1.15
 RANKED = f"torch, {RANKS} ranks ModelParallel {MESH[0]}x{MESH[1]} + package"
 JAX = f"JAX, {RANKS} virtual CPU devices {MESH[0]}x{MESH[1]}, jit"
@@ -354,7 +354,7 @@ def report(name: str, rows: Dict[str, Any]) -> None:
     jax = median.get(JAX)
     if jax is not None and eager == eager:
         ratio = best / jax
-        print(f"- P8 {RANKS}-rank step (best of eager/jit) ÷ JAX: {ratio:.2f} (target ≤ {P8_TARGET}: "
+        print(f"- {'P8 ' if SIZE == 'tiny' else ''}{RANKS}-rank step (best of eager/jit) ÷ JAX: {ratio:.2f} (target ≤ {P8_TARGET}: "
               f"{'PASS' if ratio <= P8_TARGET else 'MISS'}); eager ÷ JAX {eager / jax:.2f}")
         first = rows[f"{RANKED}, eager"]["first_s"]
         jax_first = rows[JAX]["first_s"]
@@ -368,8 +368,9 @@ def report(name: str, rows: Dict[str, Any]) -> None:
           f"{'PASS' if jit / eager <= P9_TARGET else 'MISS'})")
     print(f"- {RANKS}-rank eager ÷ 1-process eager: {eager / median.get('torch, 1 process, eager', nan):.2f}")
     same_cores = median.get(ONE_PROCESS_SAME_CORES, nan)
-    for target, (against, value) in ((P10_JAX_TARGET, ("JAX", jax if jax is not None else nan)),
-                                     (P10_ONE_PROCESS_TARGET, (f"1 process on {RANKS} cores", same_cores))):
+    p10 = ((P10_JAX_TARGET, ("JAX", jax if jax is not None else nan)),
+           (P10_ONE_PROCESS_TARGET, (f"1 process on {RANKS} cores", same_cores))) if SIZE == "compute" else ()
+    for target, (against, value) in p10:
         ratio = best / value
         verdict = "n/a" if ratio != ratio else "PASS" if ratio <= target else "MISS"
         print(f"- P10 {RANKS}-rank step (best of eager/jit) ÷ {against}: {ratio:.2f} (target ≤ {target}: {verdict}); "
