@@ -8,9 +8,9 @@ dispatch mode, it applies where our promotion replaced that mode (:mod:`.promoti
 ``DataParallel`` compiles as Keras does.
 
 The backend was ``aot_eager`` before, after a report of inductor giving wrong numbers for
-model-sharded steps on CPU; it never reproduced (sharded MLP and keras_hub steps compiled by inductor
-equal eager to float reassociation on torch 2.12-2.15: ``tests/test_keras.py``,
-``tests/test_keras_hub.py``), and ``aot_eager`` gave no speed.
+model-sharded steps on CPU; it never reproduced (sharded steps compiled by inductor equal one process
+on (1, 2) and (2, 2) meshes, torch 2.13 and 2.15: ``tests/test_keras.py::test_jit_compile``), and
+``aot_eager`` gave no speed. keras_hub models do not compile usefully yet (README).
 """
 
 from __future__ import annotations

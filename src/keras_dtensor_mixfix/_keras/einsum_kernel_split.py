@@ -29,7 +29,7 @@ import math
 from typing import Any, Sequence
 
 from . import keras_modules
-from .local_einsum import parse
+from .local_einsum import label_sizes, parse
 from .patches import Patches, rebind_everywhere
 
 
@@ -101,10 +101,7 @@ def resplit_kernel(subscripts: Any, operands: Sequence[Any]) -> Sequence[Any]:
 
 
 def _output_numel(inputs: Sequence[str], output: str, shapes: Sequence[Any]) -> Any:
-    sizes: dict = {}
-    for labels, shape in zip(inputs, shapes):
-        if len(labels) != len(shape):
-            return None
-        for label, size in zip(labels, shape):
-            sizes[label] = max(sizes.get(label, 1), size)
-    return math.prod(sizes[label] for label in output)
+    sizes = label_sizes(inputs, shapes)
+    if sizes is None:
+        return None
+    return math.prod(max(sizes[label]) for label in output)  # a size-1 dim broadcasts

@@ -30,24 +30,20 @@ from . import keras_modules
 from .patches import Patches, rebind_everywhere
 
 
-_convert_to_tensor: Any = None
-"""Keras' ``convert_to_tensor``, bound at install: a module lookup breaks the graph while TorchDynamo traces."""
-
-
 def install(patches: Patches) -> None:
-    global _convert_to_tensor
-    _convert_to_tensor = keras_modules.core().convert_to_tensor
     nn = keras_modules.backend_nn()
     original = nn.sparse_categorical_crossentropy
-    rebind_everywhere(patches, original, _vocab_parallel(original))
+    rebind_everywhere(patches, original, _vocab_parallel(original, keras_modules.core().convert_to_tensor))
 
 
-def _vocab_parallel(original: Any) -> Any:
+def _vocab_parallel(original: Any, convert_to_tensor: Any) -> Any:
+    # convert_to_tensor is looked up at install, not in the call: TorchDynamo cannot trace the module lookup
     @functools.wraps(original)
     def sparse_categorical_crossentropy(target: Any, output: Any, from_logits: bool = False, axis: int = -1) -> Any:
         plan = _plan(target, output, from_logits, axis) if from_logits else None
         if plan is None:
             return original(target, output, from_logits=from_logits, axis=axis)
+        target = convert_to_tensor(target, dtype="int64")
         return vocab_parallel_cross_entropy(target, output, *plan)
 
     return sparse_categorical_crossentropy
@@ -59,8 +55,6 @@ def _plan(target: Any, output: Any, from_logits: bool, axis: int) -> Optional[Tu
 
     if not isinstance(output, DTensor) or output.ndim < 2 or not hasattr(target, "shape"):
         return None
-    import torch
-
     if not output.dtype.is_floating_point:
         return None
     class_dim = axis % output.ndim
@@ -80,7 +74,8 @@ def _plan(target: Any, output: Any, from_logits: bool, axis: int) -> Optional[Tu
 
 
 def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab_mesh_dim: int) -> Any:
-    """Per-row ``logsumexp(logits) - logits[target]`` for class-split DTensor ``logits``; a DTensor
+    """Per-row ``logsumexp(logits) - logits[target]`` for class-split DTensor ``logits`` (``target`` a
+    tensor of class indices, plain or a DTensor); a DTensor
     replicated on ``vocab_mesh_dim`` and split like ``logits``' rows on the other mesh dims.
 
     Written with DTensor's differentiable ``to_local``/``from_local``/``redistribute`` around local
@@ -100,7 +95,6 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
         else Shard(p.dim - (p.dim > class_dim)) if isinstance(p, Shard) else p
         for mesh_dim, p in enumerate(logits.placements))
     row_shape = tuple(logits.shape[:class_dim]) + tuple(logits.shape[class_dim + 1:])
-    target = _convert_to_tensor(target, dtype="int64")
     if target.ndim == logits.ndim:
         target = target.squeeze(class_dim)
     target = _relayout(target, TorchLayout(mesh, row_placements))  # this rank's rows, no gradient
