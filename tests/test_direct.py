@@ -19,12 +19,13 @@ WORLD_SIZES = [2, 4]
 
 def _plans(op):
     """The direct plans the fast path holds for ``op`` (``_UNDECIDED`` entries excluded)."""
-    from keras_dtensor_mixfix._engine import plans as _plans
+    from keras_dtensor_mixfix._engine.caches import CACHES
+    from keras_dtensor_mixfix._engine.opstate import UNDECIDED
 
-    info = _plans.OP_STATES.get(id(op))
+    info = CACHES.op_states.get(id(op))
     if info is None:
         return []
-    return [entry[3] for entry in info.fast.values() if entry[3] is not _plans.UNDECIDED]
+    return [entry.direct for entry in info.fast.values() if entry.direct is not UNDECIDED]
 
 
 def _placements(m, kind):
@@ -221,9 +222,9 @@ def test_direct_plan_refuses_what_it_must_leave_to_dtensor(world_size):
 
 def _foreach_plans(op):
     """The foreach plans held for ``op``: each a (result plan, local pieces) pair, or None."""
-    from keras_dtensor_mixfix._engine import plans as _plans
+    from keras_dtensor_mixfix._engine.caches import CACHES
 
-    info = _plans.OP_STATES.get(id(op))
+    info = CACHES.op_states.get(id(op))
     return [] if info is None else list(info.fast.values())
 
 

@@ -1,6 +1,8 @@
-"""Build promoted DTensors: specs, this rank's slice of a whole tensor, the DTensor itself.
+"""Stage 5, construct: build the promoted DTensors and the call that carries them.
 
-Eager promotions reuse specs and slices (bounded caches); nothing here communicates.
+A whole tensor becomes a DTensor holding this rank's slice of it (or all of it); a local piece
+is wrapped as it is. Eager promotions reuse specs and slices (bounded caches, see caches.py);
+nothing here communicates.
 """
 
 from __future__ import annotations
@@ -11,36 +13,31 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from .._torch.api import DTensorSpec, TensorMeta, compute_local_shape_and_global_offset, dtensor_fast_constructor, is_traced
+from .._torch.api import (DTensorSpec, TensorMeta, compute_local_shape_and_global_offset, dtensor_fast_constructor,
+                          is_traced, redistribute_local_tensor)
+from .caches import CACHES, remember
 
-SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[slice, ...]] = {}
-# (mesh, placements, shape, stride, dtype) -> DTensorSpec. Specs are immutable once built
-# (torch itself shares one spec between DTensors, e.g. from its sharding-propagation cache), and
-# building one costs about 12 us, so promotions in eager mode reuse them. Never used while
-# tracing: sizes may be symbolic there.
-SPEC_CACHE: Dict[Tuple[Any, ...], DTensorSpec] = {}
+_SLICES = CACHES.slices
+# Specs are immutable once built (torch itself shares one spec between DTensors, e.g. from its
+# sharding-propagation cache), and building one costs about 12 us, so promotions in eager mode
+# reuse them. Never used while tracing: sizes may be symbolic there.
+_SPECS = CACHES.specs
 
-
-# Every cache is bounded: eager code with ever-changing shapes must not grow them forever.
-CACHE_LIMIT = 4096
 # Placement types whose specs may be shared; anything else (_StridedShard, user subclasses) is
 # built afresh each time.
 SHAREABLE_PLACEMENTS = (Shard, Replicate, Partial)
 
-
-def remember(cache: Dict[Any, Any], key: Any, value: Any) -> None:
-    if len(cache) >= CACHE_LIMIT:
-        cache.clear()
-    cache[key] = value
+Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
 
 
 def local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
+    """This rank's slice of a tensor of global ``shape`` laid out with ``placements`` on ``mesh``."""
     key = (shape, mesh, placements)
-    found = SLICE_CACHE.get(key)
+    found = _SLICES.get(key)
     if found is None:
         local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
         found = tuple(slice(o, o + s) for o, s in zip(offsets, local_shape))
-        remember(SLICE_CACHE, key, found)
+        remember(_SLICES, key, found)
     return found
 
 
@@ -54,15 +51,15 @@ def contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
 
 
 def make_spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
-          cache: bool = False) -> DTensorSpec:
+              cache: bool = False) -> DTensorSpec:
     """A spec; with ``cache`` (eager only: concrete sizes) an equal spec built before is reused."""
     if not cache or not all(type(p) in SHAREABLE_PLACEMENTS for p in placements):
         return DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
     key = (mesh, placements, tuple(shape), tuple(stride), dtype)
-    found = SPEC_CACHE.get(key)
+    found = _SPECS.get(key)
     if found is None:
         found = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
-        remember(SPEC_CACHE, key, found)
+        remember(_SPECS, key, found)
     return found
 
 
@@ -84,14 +81,8 @@ def local_piece(plain: torch.Tensor, local_index: Optional[Tuple[slice, ...]]) -
     return local.detach() if local.requires_grad else local
 
 
-def wrap_result(out: torch.Tensor, spec: DTensorSpec) -> DTensor:
-    """A local result wrapped the way DTensor wraps one (``requires_grad`` from the result)."""
-    if dtensor_new is not None:
-        return dtensor_new(DTensor, out, spec, requires_grad=out.requires_grad)
-    return DTensor(out, spec, requires_grad=out.requires_grad)  # type: ignore[call-arg]
-
-
 def wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensor:
+    """``local`` as this rank's piece of a DTensor of global ``shape``/``stride``."""
     if local.requires_grad:
         # Below autograd the flag means nothing; detaching keeps DTensor from warning about it.
         local = local.detach()
@@ -99,6 +90,45 @@ def wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shap
     return new_dtensor(local, make_spec(mesh, placements, shape, stride, dtype, cache=eager), eager)
 
 
-def clear_construct_caches() -> None:
-    SLICE_CACHE.clear()
-    SPEC_CACHE.clear()
+def whole_dtensor(plain: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...]) -> DTensor:
+    """The whole tensor ``plain`` as a DTensor with ``placements``: this rank keeps its slice."""
+    shape = tuple(plain.shape)
+    if all(p.is_replicate() for p in placements):
+        return wrap(plain, mesh, placements, shape, plain.stride(), plain.dtype)
+    if is_traced(plain):
+        # torch.compile traces rank-agnostically (the mesh coordinate is symbolic): a concrete
+        # slice offset baked into the graph would be this rank's and wrong on the others. DTensor's
+        # own Replicate -> Shard step is traceable and local (no communication).
+        replicated = make_spec(mesh, (Replicate(),) * mesh.ndim, shape, plain.stride(), plain.dtype)
+        target = make_spec(mesh, placements, shape, plain.stride(), plain.dtype)
+        local = redistribute_local_tensor(plain, replicated, target)
+        return new_dtensor(local, target, eager=False)
+    local = plain[local_slice(shape, mesh, placements)]
+    return wrap(local, mesh, placements, shape, plain.stride(), plain.dtype)
+
+
+def local_dtensor(plain: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Tuple[int, ...]) -> DTensor:
+    """``plain`` as this rank's piece of a contiguous DTensor of global ``shape``."""
+    return wrap(plain, mesh, placements, shape, contiguous_stride(shape), plain.dtype)
+
+
+def rebuild(args: Tuple[Any, ...], kwargs: Dict[str, Any], replacements: Dict[Tuple[Any, ...], DTensor]) -> Rebuilt:
+    """The call's arguments with each promoted operand in its place (``replacements`` by position)."""
+    new_args = list(args)
+    new_kwargs = dict(kwargs)
+    lists: Dict[Any, List[Any]] = {}
+    for position, value in replacements.items():
+        head = position[0]
+        container: Any = new_args if isinstance(head, int) else new_kwargs
+        if len(position) == 1:
+            container[head] = value
+        else:
+            if head not in lists:
+                original = container[head]
+                lists[head] = list(original)
+            lists[head][position[1]] = value
+    for head, items in lists.items():
+        container = new_args if isinstance(head, int) else new_kwargs
+        original = container[head]
+        container[head] = tuple(items) if isinstance(original, tuple) else items
+    return tuple(new_args), new_kwargs

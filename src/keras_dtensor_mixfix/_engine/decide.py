@@ -1,20 +1,55 @@
-"""Turn a rule's answer into one Decision per plain operand.
+"""Stage 3, decide: one checked Decision, mesh and DTensor peer per plain operand.
 
-One resolution for every rule, the default rule included: whatever answer the registry
-accepts (a name, a Decision, a mapping from position, a sequence aligned with ``call.plain``,
-or ``None`` for "what the default rule says") means the same wherever it comes from.
+The rule registered for the op (or the default rule) is asked once per call. One resolution for
+every rule, the default rule included: whatever answer the registry accepts (a name, a Decision,
+a mapping from position, a sequence aligned with ``call.plain``, or ``None`` for "what the default
+rule says") means the same wherever it comes from.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._rules.decisions import REPLICATE, Decision, MixedCall, Position, as_decision
-from .._rules.errors import MixedOperandError, promotion_error
+from .._rules.decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, PeerIndex, Position, as_decision, check_decision
+from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
 from .._rules.ops import OpTraits
+from .._rules.registry import registry
 from .context import options as _current_options
 
 Decisions = Dict[Position, Decision]
+
+Decided = List[Tuple[Operand, Decision, Any, Any]]
+"""Each plain operand to promote with its checked decision, the mesh to promote it to and its DTensor peer."""
+
+
+def decide_operands(call: MixedCall, traits: OpTraits) -> Decided:
+    """Ask the rule for ``call.op`` (registered, or the default) and check each plain operand's answer."""
+    try:
+        # No registration: None, which decide() resolves as the default rule.
+        decisions = decide(call, registry.lookup(call.op), traits)
+    except (TypeError, ValueError) as exc:
+        # Raised inside an operator: Python would turn a TypeError from Tensor.__mul__ into
+        # "unsupported operand type(s)" and lose this message.
+        raise MixedOperandError(f"keras_dtensor_mixfix: {exc}") from exc
+    decided: Decided = []
+    peers = PeerIndex(call.operands)
+    for operand in call.plain:
+        decision = decisions[operand.position]
+        mesh = decision.mesh if decision.mesh is not None else call.mesh
+        peer = peers.choose(operand)
+        if decision.kind == ERROR:
+            raise promotion_error(traits.name, f"the rule for this op is 'error' (operand {operand.label})",
+                                  operand_label=operand.label, operand=operand.tensor, peers=call.peers)
+        if mesh is None:
+            raise promotion_error(
+                traits.name,
+                "its DTensor operands sit on different meshes ("
+                + "; ".join(describe_mesh(m) for m in call.meshes) + "), so there is no single mesh to promote to",
+                operand_label=operand.label, operand=operand.tensor, peers=call.peers,
+                advice="Put the DTensors on one mesh, or register a callable rule that returns Decision(..., mesh=...).",
+            )
+        decided.append((operand, check_decision(decision, traits.name, operand, mesh, call.peers), mesh, peer))
+    return decided
 
 
 def decide(call: MixedCall, rule: Any, traits: OpTraits) -> Decisions:

@@ -21,10 +21,13 @@ from . import direct as _direct
 from . import stats as _stats
 from .._rules.decisions import REPLICATE
 from .._rules.ops import OpTraits
-from .construct import local_piece, new_dtensor, remember, wrap_result
+from .caches import remember
+from .construct import local_piece, new_dtensor
+from .general import promote_general
 from .operands import needs_promotion
-from .plans import UNDECIDED, direct_allowed, fast_path_options
-from .promote import cached_whole_entry, call_op, promote_operands, run_promoted
+from .opstate import UNDECIDED, OpState, fast_flags
+from .placements import cached_whole_layout
+from .run import call_op, wrap_result
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -46,8 +49,11 @@ def _row_mesh(args: Tuple[Any, ...], lists: Tuple[int, ...], row: int) -> Tuple[
     return mesh, plain
 
 
-def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, info: Any) -> Any:
-    if traits.tensor_lists and fast_path_options(info, func) is not None and direct_allowed():
+def promote_foreach(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], info: OpState) -> Any:
+    """Promote the plain operands of the ``_foreach_*`` call ``func(*args, **kwargs)`` and run it."""
+    traits = info.traits
+    flags = fast_flags(info, func) if traits.tensor_lists else None
+    if flags is not None and flags.direct:
         result = _foreach_direct(func, args, kwargs, traits, info)
         if result is not _NOT_DIRECT:
             return result
@@ -93,8 +99,7 @@ def foreach_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], trait
                     # live on the CPU anyway): the ScalarList overload is the same computation.
                     sub_args[position] = sub_args[position].tolist()
             if mesh in mixed_groups or plain_elsewhere:
-                new_args, new_kwargs, promoted = promote_operands(call_func, tuple(sub_args), kwargs, traits)
-                out = run_promoted(call_func, traits, new_args, new_kwargs, promoted)
+                out = promote_general(call_func, tuple(sub_args), kwargs, traits)
             else:
                 # Only DTensors (and scalars torch takes as they are): nothing to promote, e.g. the
                 # DTensor half of an optimizer's parameter list that also holds plain parameters.
@@ -116,7 +121,7 @@ def _scalar_list_overload(func: Any) -> Any:
     return overload
 
 
-def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, info: Any) -> Any:
+def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, info: OpState) -> Any:
     """The direct path, or ``_NOT_DIRECT`` when the call is not its case (the general path runs).
 
     Its case: eager; tensors only in the positional lists; every row holds a DTensor and all of
@@ -190,9 +195,9 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         promoted_lists = [list(args[position]) for position in lists]
         pieces: List[Any] = []
         for column, row, item in plains:
-            _, local_index, spec = cached_whole_entry(item, peers[row], traits, (lists[column], row))
-            pieces.append(local_index)
-            promoted_lists[column][row] = new_dtensor(local_piece(item, local_index), spec, True)
+            layout = cached_whole_layout(item, peers[row], traits, (lists[column], row))
+            pieces.append(layout.local_index)
+            promoted_lists[column][row] = new_dtensor(local_piece(item, layout.local_index), layout.spec, True)
         for column, position in enumerate(lists):
             new_args[position] = promoted_lists[column]
         promoted_args = tuple(new_args)
@@ -213,7 +218,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
     return [wrap_result(o, s) for o, s in zip(out, plan)]
 
 
-def _run(info: Any, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: int) -> Any:
+def _run(info: OpState, traits: OpTraits, args: Tuple[Any, ...], kwargs: Dict[str, Any], promoted: int) -> Any:
     result = call_op(info.call, args, kwargs, traits, [("foreach lists", REPLICATE, ())])
     _stats.record(traits.name, [REPLICATE] * promoted)
     return result

@@ -1,4 +1,4 @@
-"""The operands of one mixed call: find them, describe the call to rules, put promoted ones back."""
+"""Stage 2, operands: find the tensors of one mixed call and describe the call to rules (a ``MixedCall``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ from torch.distributed.tensor import DTensor
 
 from .._rules.decisions import MixedCall, Operand
 from .._rules.ops import OpTraits
-
-Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
-
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter  # plain too: ``type(p) is Parameter`` for an nn.Parameter that is no DTensor
@@ -67,24 +64,3 @@ def dtensors_in(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[DTensor]:
         items = value if isinstance(value, (list, tuple)) else [value]
         found.extend(item for item in items if isinstance(item, DTensor))
     return found
-
-
-def rebuild(args: Tuple[Any, ...], kwargs: Dict[str, Any], replacements: Dict[Tuple[Any, ...], DTensor]) -> Rebuilt:
-    new_args = list(args)
-    new_kwargs = dict(kwargs)
-    lists: Dict[Any, List[Any]] = {}
-    for position, value in replacements.items():
-        head = position[0]
-        container: Any = new_args if isinstance(head, int) else new_kwargs
-        if len(position) == 1:
-            container[head] = value
-        else:
-            if head not in lists:
-                original = container[head]
-                lists[head] = list(original)
-            lists[head][position[1]] = value
-    for head, items in lists.items():
-        container = new_args if isinstance(head, int) else new_kwargs
-        original = container[head]
-        container[head] = tuple(items) if isinstance(original, tuple) else items
-    return tuple(new_args), new_kwargs

@@ -1,16 +1,29 @@
-"""Which placements a promoted operand gets: lined up with its DTensor peer, or inferred for a local piece."""
+"""Stage 4, placements: how a promoted operand is laid out as a DTensor.
+
+A ``"replicate"`` operand is the whole tensor: its placements line up with its DTensor peer's
+where that needs no communication (a local slice), else Replicate. A ``"local"`` operand is this
+rank's piece: its placements follow the peer's, and its global shape is inferred. Each answer is
+checked here, with the errors that say why it cannot be; construct.py then builds the DTensor.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from .._rules.decisions import Operand
-from .._rules.errors import promotion_error
+from .._rules.decisions import Decision, Operand
+from .._rules.errors import describe_mesh, promotion_error
 from .._rules.ops import OpTraits
+from .._torch.api import DTensorSpec, is_traced
+from .caches import CACHES, remember
+from .construct import local_slice, make_spec
+
+_WHOLE_LAYOUTS = CACHES.whole_layouts
+_LOCAL_READINGS = CACHES.local_readings
+
 
 def shard_dim(placement: Placement, ndim: int) -> Optional[int]:
     # Only plain Shard: _StridedShard and other subclasses carry layouts we do not reproduce.
@@ -132,3 +145,99 @@ def infer_global_shape(operand: Operand, peer: DTensor, placements: Tuple[Placem
                 advice="Give the global shape with a callable rule returning Decision('local', placements=..., shape=...).",
             )
     return tuple(shape)
+
+
+class WholeLayout(NamedTuple):
+    """How an eager whole tensor is promoted next to a peer under the default decision."""
+
+    placements: Tuple[Placement, ...]
+    local_index: Optional[Tuple[slice, ...]]
+    """This rank's slice of the whole tensor; None: all of it."""
+    spec: DTensorSpec
+    """The promoted operand's spec (shared: see construct.make_spec)."""
+
+
+def whole_layout(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeLayout:
+    """The layout of an eager plain operand (not written) promoted whole next to ``peer`` on its mesh.
+
+    The caller has checked that the operand sits on the peer's local device (devices.py): the
+    layout holds no device (a spec does not say where local pieces sit: a meta-initialized DTensor
+    has a CPU one's), so every caller compares the two devices on each call before using a cached
+    layout. Raises ``choose_whole_placements``'s errors."""
+    plain = operand.tensor
+    mesh = peer.device_mesh
+    placements = choose_whole_placements(operand, peer, mesh, traits)
+    shape = tuple(plain.shape)
+    local_index: Optional[Tuple[slice, ...]] = None
+    if not all(p.is_replicate() for p in placements):
+        local_index = local_slice(shape, mesh, placements)
+        if all(piece.start == 0 and piece.stop == size for piece, size in zip(local_index, shape)):
+            local_index = None  # this rank's piece is all of it (e.g. a mesh dim of size 1)
+    return WholeLayout(placements, local_index, make_spec(mesh, placements, shape, plain.stride(), plain.dtype, cache=True))
+
+
+def cached_whole_layout(plain: torch.Tensor, peer: DTensor, traits: OpTraits, position: Tuple[Any, ...]) -> WholeLayout:
+    """``whole_layout`` for an eager plain operand (not written) at ``position``, cached."""
+    key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
+    layout = _WHOLE_LAYOUTS.get(key)
+    if layout is None:
+        layout = whole_layout(Operand(position, plain, True, False), peer, traits)
+        remember(_WHOLE_LAYOUTS, key, layout)
+    return layout
+
+
+def whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[Placement, ...]:
+    """The placements of a ``"replicate"`` operand: the decision's, Replicate for a written one, else lined up."""
+    plain = operand.tensor
+    if decision.placements is not None:
+        placements = tuple(decision.placements)
+        if any(isinstance(p, Partial) for p in placements):
+            raise promotion_error(traits.name, "a whole-tensor ('replicate') operand cannot be Partial",
+                                  operand_label=operand.label, operand=plain, peers=[peer])
+    elif operand.written:
+        # The op writes into this operand: its DTensor must own exactly this storage.
+        placements = (Replicate(),) * mesh.ndim
+    else:
+        placements = choose_whole_placements(operand, peer, mesh, traits)
+    if operand.written and any(not p.is_replicate() for p in placements):
+        raise promotion_error(traits.name, "an operand the op writes into can only be promoted as Replicate under "
+                              "'replicate' (its storage must stay whole)", operand_label=operand.label,
+                              operand=plain, peers=[peer])
+    return placements
+
+
+def local_layout(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[Tuple[Placement, ...], Tuple[int, ...]]:
+    """The placements and global shape of a ``"local"`` operand (this rank's piece)."""
+    plain = operand.tensor
+    memo = _LOCAL_READINGS.get(plain)
+    if memo is not None and memo[0] == mesh and decision.placements is None and decision.shape is None:
+        # Already read as this rank's piece (e.g. in forward, now in backward against a gradient
+        # with other placements): a tensor is one piece of one global tensor, so reuse that reading.
+        return memo[1], memo[2]
+    if decision.placements is not None:
+        placements = tuple(decision.placements)
+    else:
+        if peer.device_mesh != mesh:
+            raise promotion_error(traits.name, "the 'local' rule needs a DTensor peer on the op's mesh",
+                                  operand_label=operand.label, operand=plain, peers=[peer])
+        placements = mapped_local_placements(plain, peer)
+    if len(placements) != mesh.ndim:
+        raise promotion_error(traits.name, f"{len(placements)} placements given for a {mesh.ndim}-D mesh "
+                              f"{describe_mesh(mesh)}", operand_label=operand.label, operand=plain, peers=[peer])
+    if decision.shape is not None:
+        shape = tuple(int(s) for s in decision.shape)
+    else:
+        shape = infer_global_shape(operand, peer, placements, traits, explicit=decision.placements is not None, mesh=mesh)
+    if shape != tuple(plain.shape) and plain.requires_grad and torch.is_grad_enabled() and not is_traced(plain):
+        # Autograd recorded this operand with its local shape and checks the gradient against it
+        # before any hook can run, so a gradient for a local piece cannot be delivered from here.
+        raise promotion_error(
+            traits.name,
+            "a 'local' operand that requires grad cannot be promoted below autograd: autograd recorded its local "
+            f"shape {tuple(plain.shape)} and would reject the gradient of global shape {shape}",
+            operand_label=operand.label, operand=plain, peers=[peer],
+            advice=f"Wrap it yourself, differentiably: DTensor.from_local(x, mesh, {list(placements)}) (its .grad is "
+                   "then this rank's piece), or detach it if it needs no gradient.",
+        )
+    _LOCAL_READINGS[plain] = (mesh, placements, shape)
+    return placements, shape

@@ -154,7 +154,7 @@ def _patch(options: dict, allow_newer_torch: Optional[bool]) -> None:
     load_packs()  # rule packs load lazily, once per process
     registry.resolve_pending()  # rules for ops whose library was imported since they were registered
     from .intercept import DispatchRuleInterceptor
-    from .._engine.pipeline import promote_call
+    from .._engine.entry import promote_call
 
     installed = DispatchRuleInterceptor(promote_call)
     try:
@@ -199,10 +199,10 @@ def unpatch() -> None:
 
 
 def _clear_caches() -> None:
-    from .._engine.pipeline import clear_caches
+    from .._engine.caches import CACHES
     from .._torch.api import clear_sharding_cache
 
-    clear_caches()
+    CACHES.clear()
     registry.clear_cache()
     clear_sharding_cache()
 
@@ -264,6 +264,9 @@ def _on_rules_changed(op: object) -> None:
             installed.ensure_op(op)
         else:
             installed.hold_pending()
+        from .._engine.caches import CACHES
+
+        CACHES.clear()  # what the engine remembered was worked out under the rules before
         _state_changed("rules changed")
 
 

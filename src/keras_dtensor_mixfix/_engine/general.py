@@ -1,0 +1,60 @@
+"""The general path: every mixed call the fast path (fast.py) does not take, one stage after another.
+
+operands (find them) -> decide (ask the rule, check its answer) -> for each plain operand: devices
+(where its piece must sit), placements (how it is laid out), construct (its DTensor) -> construct
+(put the DTensors into the call) -> run (the op, then gradients and stats).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .._rules.decisions import REPLICATE, Operand
+from .._rules.ops import OpTraits
+from .._torch.api import compiled_promotions, is_traced
+from .construct import local_dtensor, local_piece, new_dtensor, rebuild, whole_dtensor
+from .decide import decide_operands
+from .devices import on_mesh_device
+from .operands import build_call, collect_operands
+from .opstate import op_state
+from .placements import cached_whole_layout, local_layout, whole_placements
+from .run import Promoted, run_promoted
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # exact types: eager tensors (a traced one is a subclass)
+
+
+def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits) -> Any:
+    """Promote the plain operands of ``func(*args, **kwargs)`` as their rule decides, and run it."""
+    call = build_call(func, args, kwargs, collect_operands(args, kwargs, traits))
+    promoted: Promoted = []
+    replacements: Dict[Tuple[Any, ...], DTensor] = {}
+    first_plain = None
+    for operand, decision, mesh, peer in decide_operands(call, traits):
+        plain = on_mesh_device(operand, peer, mesh, traits)
+        if plain is not operand.tensor:
+            operand = Operand(operand.position, plain, True, operand.written)  # a CPU scalar moved to the mesh's device
+        if decision.kind != REPLICATE:
+            # "local": the operand is this rank's piece.
+            placements, shape = local_layout(operand, peer, mesh, traits, decision)
+            dtensor = local_dtensor(plain, mesh, placements, shape)
+        elif decision.placements is None and not operand.written and peer._spec.mesh is mesh \
+                and type(plain) in _PLAIN and type(peer._local_tensor) in _PLAIN:
+            # "replicate", eager, default decision: the fast path's layout, cached (foreach rows come here).
+            layout = cached_whole_layout(plain, peer, traits, operand.position)
+            placements = layout.placements
+            dtensor = new_dtensor(local_piece(plain, layout.local_index), layout.spec, True)
+        else:
+            # "replicate": the operand is the same whole tensor on every rank.
+            placements = whole_placements(operand, peer, mesh, traits, decision)
+            dtensor = whole_dtensor(plain, mesh, placements)
+        replacements[operand.position] = dtensor
+        promoted.append((operand, dtensor, decision, placements))
+        if first_plain is None:
+            first_plain = plain
+    if first_plain is not None and is_traced(first_plain):
+        compiled_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
+    new_args, new_kwargs = rebuild(args, kwargs, replacements)
+    return run_promoted(op_state(func).call, traits, new_args, new_kwargs, promoted)
