@@ -49,7 +49,9 @@ def op_state(func: Any) -> OpState:
 def fast_flags(info: OpState, func: Any) -> Optional[FastOptions]:
     """The fast-path flags of the options in force if they let ``func`` take a fast path, else None:
     its rule is ``"replicate"`` by name (registered for it, or the default) and no option adds
-    per-operand work. ``.direct`` of the answer then says whether direct plans may be used."""
+    per-operand work. ``.direct`` of the answer then says whether direct plans may be used.
+
+    fast.promote_fast has this inlined (keep the two alike)."""
     version = registry.version
     if info.version != version:
         info.rule = registry.lookup(func)
