@@ -54,7 +54,7 @@ def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         promoted.append((operand, dtensor, decision, placements))
         if first_plain is None:
             first_plain = plain
+    new_args, new_kwargs = rebuild(args, kwargs, replacements)
     if first_plain is not None and is_traced(first_plain):
         compiled_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
-    new_args, new_kwargs = rebuild(args, kwargs, replacements)
     return run_promoted(op_state(func).call, traits, new_args, new_kwargs, promoted)
