@@ -1,4 +1,8 @@
+"""What every test shares: the environment, the markers and the world sizes."""
+
 import os
+
+import pytest
 
 # The suite decides itself when to patch: no auto-activation in this process or in the rank
 # workers it spawns (they inherit the environment). Auto-activation has its own tests, which
@@ -14,6 +18,9 @@ _MODEL_FILES = ("test_keras_hub", "test_jax_reference")
 _KERAS_FILES = ("test_keras",)
 """Files whose names start so test the Keras integration: `pytest -m keras` (CI skips them on the oldest torch)."""
 
+WORLD_SIZES = (2, 4)
+"""Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh (``_ranks.mesh_for``)."""
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/)")
@@ -27,8 +34,6 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     # The folder says which layer a test belongs to: `pytest -m unit` runs the fast layer alone.
-    import pytest
-
     for item in items:
         unit = str(item.fspath).startswith(_UNIT_DIR + os.sep)
         item.add_marker(pytest.mark.unit if unit else pytest.mark.ranks)
@@ -37,3 +42,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.models)
         if os.path.basename(str(item.fspath)).startswith(_KERAS_FILES):
             item.add_marker(pytest.mark.keras)
+
+
+@pytest.fixture(params=WORLD_SIZES, ids=str)
+def world_size(request) -> int:
+    """A test that takes ``world_size`` runs once per entry of ``WORLD_SIZES``; a test that parametrizes
+    ``world_size`` itself (other sizes, or sizes paired with meshes) overrides this."""
+    return request.param
+
