@@ -1,4 +1,4 @@
-"""What every test shares: the environment, the markers and the world sizes."""
+"""What every test shares: the environment, the markers, the world sizes and the patch state around each test."""
 
 import os
 
@@ -20,6 +20,9 @@ _KERAS_FILES = ("test_keras",)
 
 WORLD_SIZES = (2, 4)
 """Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh (``_ranks.mesh_for``)."""
+
+_PLUGIN_MARKER = "mixfix"
+"""The pytest plugin's marker (``keras_dtensor_mixfix.pytest_plugin``): it patches and restores a marked test itself."""
 
 
 def pytest_configure(config):
@@ -50,3 +53,21 @@ def world_size(request) -> int:
     ``world_size`` itself (other sizes, or sizes paired with meshes) overrides this."""
     return request.param
 
+
+@pytest.fixture(autouse=True)
+def _unpatched_around_each_test(request):
+    """Each test starts unpatched and leaves the process unpatched, whatever it did or however it ended.
+
+    ``unpatch()`` also clears the promotion caches, so the next test starts without any. Only the process
+    running pytest needs this: rank workers are fresh processes.
+    """
+    import keras_dtensor_mixfix as mf
+
+    # The plugin's own autouse fixture, set up before this one, has already patched a marked test and restores it.
+    marked = request.node.get_closest_marker(_PLUGIN_MARKER) is not None
+    assert marked or not mf.is_patched(), (
+        "patched before the test started: by pytest's --mixfix option, by a test module at import, or by "
+        "auto-activation (this conftest turns it off with KERAS_DTENSOR_MIXFIX=0)")
+    yield
+    while not marked and mf.is_patched():
+        mf.unpatch()
