@@ -26,14 +26,6 @@ def _dtensor_rules() -> dict:
     return found
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    assert not mf.is_patched(), "a previous test leaked a patch"
-    yield
-    while mf.is_patched():
-        mf.unpatch()
-
-
 def test_patch_unpatch_lifecycle_including_repeats(caplog):
     caplog.set_level(logging.INFO, logger="keras_dtensor_mixfix")
     before = _dtensor_rules()
