@@ -14,9 +14,9 @@ import logging
 import threading
 from typing import Callable, Dict, List, Optional
 
-import torch
-
+from .._torch.operators import OpOverload
 from .decisions import Rule, validate_rule
+from .errors import UnknownOperatorError
 from .ops import OpLike, op_key, packet_name, pending_key, resolve_op
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class RuleRegistry:
         try:
             resolved = resolve_op(op)
             key = op_key(resolved)  # type: ignore[arg-type]
-        except ValueError:
+        except UnknownOperatorError:
             held = pending_key(op)
             if held is None:
                 raise  # a typo, or a name in a namespace that is loaded: say so now
@@ -130,7 +130,7 @@ class RuleRegistry:
             for handle in list(self._pending):
                 try:
                     op = resolve_op(handle.op)
-                except ValueError:
+                except UnknownOperatorError:
                     continue  # still not defined
                 handle.pending = False
                 self._pending.remove(handle)
@@ -181,7 +181,7 @@ class RuleRegistry:
                 return
         self._notify(None)
 
-    def lookup(self, func: "torch._ops.OpOverload") -> Optional[Rule]:
+    def lookup(self, func: OpOverload) -> Optional[Rule]:
         """The rule registered for ``func`` (overload or its packet), newest first; None if none."""
         found = self._cache.get(func, _MISSING)
         if found is not _MISSING:
@@ -224,10 +224,11 @@ def register_rule(op: OpLike, rule: Rule, *, source: str = "user") -> RuleHandle
 
     ``op`` is an ``OpOverload`` (``torch.ops.aten.mm.default``), an ``OpOverloadPacket``
     (``torch.ops.aten.mm``: every overload) or a string (``"aten::mm.default"``,
-    ``"aten.mm.default"``, ``"aten::mm"``). A name that does not exist raises ``ValueError``,
-    except in a namespace that has no operator yet (a custom-op library not imported yet, e.g.
-    ``"flash_attn::fwd"``): that rule is held (``handle.pending``) and applies once the op is
-    defined. ``rule`` is ``"replicate"``, ``"local"``,
+    ``"aten.mm.default"``, ``"aten::mm"``). A name that does not exist raises
+    :class:`UnknownOperatorError` (a ``ValueError``), except in a namespace that has no operator
+    yet (a custom-op library not imported yet, e.g. ``"flash_attn::fwd"``): that rule is held
+    (``handle.pending``) and applies once the op is defined. Any other object raises
+    :class:`ArgumentTypeError` (a ``TypeError``). ``rule`` is ``"replicate"``, ``"local"``,
     ``"error"``, a :class:`Decision`, or a callable that receives a :class:`MixedCall` and
     answers per plain operand. The newest registration for an op wins; removing it exposes
     the one before. Registrations outlive ``unpatch()``; they take effect while patched.
