@@ -3,7 +3,8 @@
 ``patch()`` makes every op that meets a DTensor and a plain tensor promote the plain one to
 a DTensor on the op's mesh (replicated, matched to the peer's sharding, or taken as this
 rank's local shard), following per-op rules you can extend with :func:`register_rule`.
-``unpatch()`` restores torch exactly.
+``unpatch()`` restores torch exactly. Every exception the package raises derives from
+:class:`MixfixError` (and from the builtin it replaced: ``ValueError``, ``TypeError``, ``RuntimeError``).
 
 Names are imported on first use, so the ``torch.backends`` entry point that auto-activates
 the package adds almost nothing to ``import torch``.

@@ -97,3 +97,44 @@ def test_a_promotion_error_is_a_mixfix_error_and_a_runtime_error():
     error = promotion_error("aten::mul.Tensor", "why", operand_label="args[1]", operand=torch.ones(2))
     assert isinstance(error, mf.MixedOperandError) and isinstance(error, mf.MixfixError)
     assert isinstance(error, RuntimeError) and "aten::mul.Tensor" in str(error) and "args[1]" in str(error)
+
+
+# Raises of a builtin exception class that stay builtins, each with why. Everything else a module of the
+# package raises must be a MixfixError (a class of ours, or a helper such as promotion_error that builds one).
+BUILTIN_RAISES_KEPT = {
+    ("__init__.py", "AttributeError"): "module __getattr__'s protocol: hasattr() and getattr(..., default) rely on it",
+    ("_torch/probe.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as its result",
+    ("_torch/checks.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as its result",
+    ("_torch/selfcheck.py", "RuntimeError"): "no gloo: caught at once and reported as every check's result",
+    # moved by the lead after the merge (files this change did not own):
+    ("_keras_distribution_lib.py", "ValueError"): "bad mesh or layout input: to become InvalidArgumentError",
+    ("_keras/keras_modules.py", "ImportError"): "a Keras without the expected modules",
+    ("_engine/decide.py", "AssertionError"): "an unreachable branch",
+}
+
+
+def _builtin_raises():
+    import ast
+    import builtins
+    import pathlib
+
+    package = pathlib.Path(mf.__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            callee = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            name = callee.id if isinstance(callee, ast.Name) else None
+            if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name):
+                name = f"{callee.value.id}.{callee.attr}"  # pytest.UsageError and the like
+            builtin = getattr(builtins, name or "", None)
+            if (isinstance(builtin, type) and issubclass(builtin, BaseException)) or name == "pytest.UsageError":
+                yield path.relative_to(package).as_posix(), name, node.lineno
+
+
+def test_every_error_the_package_raises_is_a_mixfix_error_unless_listed_with_a_reason():
+    found = list(_builtin_raises())
+    unlisted = [f"{path}:{line} raises {name}" for path, name, line in found if (path, name) not in BUILTIN_RAISES_KEPT]
+    assert not unlisted, f"raise a MixfixError subclass (keeping the builtin as a second base): {unlisted}"
+    stale = set(BUILTIN_RAISES_KEPT) - {(path, name) for path, name, _ in found}
+    assert not stale, f"BUILTIN_RAISES_KEPT lists raises that are gone: remove them: {sorted(stale)}"
