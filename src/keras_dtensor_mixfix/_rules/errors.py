@@ -13,7 +13,9 @@ raised before the hierarchy existed, so ``except ValueError`` / ``except TypeErr
     |   `-- UnknownOperatorError                an operator name that does not parse or exist
     `-- ArgumentTypeError (TypeError)           an argument of the wrong type
 
-``keras_dtensor_mixfix.testing`` adds ``RankError`` and ``WorkerStartError`` (both RuntimeError).
+``keras_dtensor_mixfix.testing`` adds ``RankError`` and ``WorkerStartError`` (both RuntimeError), the
+pytest plugin ``MarkerUsageError`` (a ``pytest.UsageError``). ``tests/unit/test_errors.py`` fails on a
+``raise`` of a bare builtin exception anywhere in the package, unless listed there with its reason.
 Kept free of torch imports: the package root exports these without importing torch.
 """
 
