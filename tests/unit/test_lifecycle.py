@@ -344,13 +344,13 @@ def test_every_exception_users_see_is_exported_and_submodules_are_attributes_wit
         "names = dir(mf)\n"
         "print('helpers', sorted({'Any', 'importlib', 'TYPE_CHECKING', '_importlib', '_typing', '_EXPORTS'} & set(names)))\n"
         "print('public', all(n in names for n in mf.__all__), sorted({'testing', 'keras_integration', 'hookspecs'} & set(names)))\n"
-        "print('exceptions', mf.RankError.__module__, mf.ReplicationCheckError.__mro__[1].__name__,"
+        "print('exceptions', mf.testing.RankError.__module__, mf.ReplicationCheckError.__mro__[1].__name__,"
         " mf.ReplicationCheckWarning.__mro__[1].__name__)\n"
         "print('submodules', mf.testing.run_on_ranks.__module__, mf.keras_integration.install.__module__,"
         " mf.hookspecs.hookimpl is mf.hookimpl)\n"
         "print('torch', 'torch' in sys.modules, 'keras' in sys.modules)\n"
         "ns = {}; exec('from keras_dtensor_mixfix import *', ns)\n"
-        "print('star', sorted({'RankError', 'ReplicationCheckError', 'ReplicationCheckWarning'} - set(ns)))\n"
+        "print('star', sorted({'MixfixError', 'ReplicationCheckError', 'ReplicationCheckWarning'} - set(ns)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "helpers []" in out

@@ -142,7 +142,7 @@ def _patch(options: dict, allow_newer_torch: Optional[bool]) -> None:
         else:
             log.info("keras_dtensor_mixfix already patched; nothing to do")
         return
-    from .._torch.versions import UnsupportedTorchError
+    from .._rules.errors import UnsupportedTorchError
     from .torch_gate import refusal
 
     reason = refusal(allow_newer_torch)
