@@ -37,6 +37,7 @@ def _clean_state():
 def test_patch_unpatch_lifecycle_including_repeats(caplog):
     caplog.set_level(logging.INFO, logger="keras_dtensor_mixfix")
     before = _dtensor_rules()
+    swapped_before = _swapped_attributes()
     mf.unpatch()  # unpatch before patch: harmless, logged
     assert "not patched" in caplog.text
     mf.patch()
@@ -45,13 +46,27 @@ def test_patch_unpatch_lifecycle_including_repeats(caplog):
     assert len(hooked) > len(before) + 1000  # every op with two tensor inputs
     assert "aten::mul.Tensor" in hooked and "aten::mm" in hooked and "aten::_foreach_add_.List" in hooked
     assert "aten::relu" not in hooked  # one tensor input: cannot mix, never pays
+    swapped = _swapped_attributes()
+    assert swapped["save"] is not swapped_before["save"] and len(swapped["register"]) >= len(hooked) - len(before)
     mf.patch()  # twice: harmless, logged
     assert "already patched" in caplog.text
     assert _dtensor_rules() == hooked
+    assert _swapped_attributes() == swapped  # nothing swapped twice
     mf.unpatch()
     mf.unpatch()
     assert not mf.is_patched()
     assert _dtensor_rules() == before
+    assert _swapped_attributes() == swapped_before  # every recorded swap undone, exactly once
+
+
+def _swapped_attributes() -> dict:
+    """What the patch swaps in torch besides the rules: the holders' ``register``, ``AOTAutogradCache.save``."""
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+    from torch._library import simple_registry
+
+    holders = {qualname: vars(entry.torch_dispatch_rules).get("register")
+               for qualname, entry in simple_registry.singleton._data.items()}
+    return {"register": {k: v for k, v in holders.items() if v is not None}, "save": vars(AOTAutogradCache)["save"]}
 
 
 def test_patched_nests_and_restores_outer_state_even_on_error():
