@@ -15,9 +15,9 @@ from .._rules.decisions import ERROR, REPLICATE, Decision, Operand, PeerIndex, c
 from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._rules.registry import registry
-from .._torch.api import DTensorSpec, compiled_promotions, is_traced, redistribute_local_tensor
+from .._torch.api import DTensorSpec, is_traced, redistribute_local_tensor
 from .construct import contiguous_stride, local_piece, local_slice, make_spec, new_dtensor, remember, wrap
-from .context import options as _current_options
+from .context import options as _current_options, traced_promotions
 from .decide import decide
 from .devices import on_mesh_device
 from .operands import build_call, collect_operands, dtensors_in, rebuild
@@ -191,7 +191,7 @@ def promote_operands(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], t
         replacements[operand.position] = dtensor
         promoted.append((operand, dtensor, decision, placements))
     if promoted and is_traced(promoted[0][0].tensor):
-        compiled_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
+        traced_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
     new_args, new_kwargs = rebuild(args, kwargs, replacements)
     return new_args, new_kwargs, promoted
 

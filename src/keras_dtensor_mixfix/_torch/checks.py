@@ -374,29 +374,35 @@ def check_aot_autograd_cache(probe: Probe) -> str:
     import inspect
 
     api = _api()
-    cache = api._aot_autograd_cache()
+    cache = api.aot_autograd_cache()
     require(cache is not None, "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.save is missing or "
                                 "no staticmethod")
     original = cache.__dict__["save"]
     parameters = list(inspect.signature(original.__func__).parameters)
     require(parameters == ["key", "entry", "remote"], f"AOTAutogradCache.save takes {parameters}")
-    # What CompiledPromotions does with it (the package's own instance may be installed already: a second
-    # one wraps it and gives it back).
-    require(isinstance(api.compiled_promotions, api.CompiledPromotions), "compiled_promotions")
-    trial = api.CompiledPromotions()
-    trial.install()
+    # What the lifecycle's compile-cache guard does with it (the package's own wrapper may be installed
+    # already: a second one wraps it and gives it back).
+    saved = []
+    recording = staticmethod(lambda key, entry, remote: saved.append(key))
+    api.skipping_save(recording, lambda: True).__func__("skipped", None, False)
+    trial = api.skipping_save(recording, lambda: False)
+    require(isinstance(trial, staticmethod), "skipping_save does not give a staticmethod")
+    trial.__func__("key", None, False)
+    require(saved == ["key"], "skipping_save does not skip, or does not call the original save as (key, entry, remote)")
+    cache.save = trial
     wrapped = cache.__dict__["save"]
-    trial.uninstall()
-    require(isinstance(wrapped, staticmethod) and wrapped is not original and cache.__dict__["save"] is original,
-            "CompiledPromotions could not wrap AOTAutogradCache.save and restore it")
-    return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped and restored by CompiledPromotions"
+    cache.save = original
+    require(wrapped is trial and cache.__dict__["save"] is original,
+            "AOTAutogradCache.save could not be replaced by skipping_save's wrapper and restored")
+    return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped by skipping_save and restored"
 
 
 def check_dynamo_reset(probe: Probe) -> str:
     import torch
 
     require(callable(getattr(torch._dynamo, "reset", None)), "torch._dynamo.reset is missing")
-    return "torch._dynamo.reset (not called here: it would drop this process's compiled code)"
+    require(callable(_api().reset_compiled_code), "reset_compiled_code")
+    return "torch._dynamo.reset, as reset_compiled_code (not called here: it would drop this process's compiled code)"
 
 
 CHECKS: Dict[str, Check] = {check.name: check for check in (
