@@ -1,4 +1,8 @@
+"""What every test shares: the environment, the markers, the world sizes and the patch state around each test."""
+
 import os
+
+import pytest
 
 # The suite decides itself when to patch: no auto-activation in this process or in the rank
 # workers it spawns (they inherit the environment). Auto-activation has its own tests, which
@@ -14,6 +18,12 @@ _MODEL_FILES = ("test_keras_hub", "test_jax_reference")
 _KERAS_FILES = ("test_keras",)
 """Files whose names start so test the Keras integration: `pytest -m keras` (CI skips them on the oldest torch)."""
 
+WORLD_SIZES = (2, 4)
+"""Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh (``_ranks.mesh_for``)."""
+
+_PLUGIN_MARKER = "mixfix"
+"""The pytest plugin's marker (``keras_dtensor_mixfix.pytest_plugin``): it patches and restores a marked test itself."""
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/)")
@@ -27,8 +37,6 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     # The folder says which layer a test belongs to: `pytest -m unit` runs the fast layer alone.
-    import pytest
-
     for item in items:
         unit = str(item.fspath).startswith(_UNIT_DIR + os.sep)
         item.add_marker(pytest.mark.unit if unit else pytest.mark.ranks)
@@ -37,3 +45,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.models)
         if os.path.basename(str(item.fspath)).startswith(_KERAS_FILES):
             item.add_marker(pytest.mark.keras)
+
+
+@pytest.fixture(params=WORLD_SIZES, ids=str)
+def world_size(request) -> int:
+    """A test that takes ``world_size`` runs once per entry of ``WORLD_SIZES``; a test that parametrizes
+    ``world_size`` itself (other sizes, or sizes paired with meshes) overrides this."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _unpatched_around_each_test(request):
+    """Each test starts unpatched and leaves the process unpatched, whatever it did or however it ended.
+
+    ``unpatch()`` also clears the promotion caches, so the next test starts without any. Only the process
+    running pytest needs this: rank workers are fresh processes.
+    """
+    import keras_dtensor_mixfix as mf
+
+    # The plugin's own autouse fixture, set up before this one, has already patched a marked test and restores it.
+    marked = request.node.get_closest_marker(_PLUGIN_MARKER) is not None
+    assert marked or not mf.is_patched(), (
+        "patched before the test started: by pytest's --mixfix option, by a test module at import, or by "
+        "auto-activation (this conftest turns it off with KERAS_DTENSOR_MIXFIX=0)")
+    yield
+    while not marked and mf.is_patched():
+        mf.unpatch()

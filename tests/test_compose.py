@@ -15,8 +15,6 @@ import torch
 from _ranks import close, mesh_for, placements_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
-WORLD_SIZES = [2, 4]
-
 
 def _both(program, *args):
     """(unpatched result, patched result, promotions counted while patched) of ``program``."""
@@ -74,7 +72,6 @@ def implicit_replication_is_torchs(world_size):
     return _both(_implicit_program, world_size)
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_implicit_replication_runs_torchs_own_path(world_size):
     for unpatched, patched, promoted in run_on_ranks(implicit_replication_is_torchs, world_size, world_size=world_size):
         assert unpatched[0] == "ok", unpatched
@@ -154,7 +151,6 @@ def convolution_with_a_plain_weight(world_size):
     return unpatched
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_a_custom_handler_refusing_a_plain_operand_is_promoted(world_size):
     for unpatched in run_on_ranks(convolution_with_a_plain_weight, world_size, world_size=world_size):
         assert unpatched[0] == "raised" and unpatched[3], unpatched  # torch's mixed-operand error

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from _ranks import close, mesh_for, placements_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
-
-WORLD_SIZES = [2, 4]
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -51,6 +48,5 @@ def dataloader_batches(world_size):
     return "ok"
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_dataloader_worker_processes(world_size):
     assert run_on_ranks(dataloader_batches, world_size, world_size=world_size) == ["ok"] * world_size

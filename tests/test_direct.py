@@ -14,8 +14,6 @@ import torch
 from _ranks import close, mesh_for, plain_grad, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
-WORLD_SIZES = [2, 4]
-
 
 def _plans(op):
     """The direct plans the fast path holds for ``op`` (``_UNDECIDED`` entries excluded)."""
@@ -119,7 +117,6 @@ def _ops_of(stats):
     return [resolve_op(name) for name in stats]
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_direct_plan_matches_dtensor_and_the_reference(world_size, name):
     run_on_ranks(direct_case, world_size, name, world_size=world_size)
@@ -153,7 +150,6 @@ def direct_gradients(world_size):
     return True
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_direct_plan_gradients_match_the_reference(world_size):
     assert all(run_on_ranks(direct_gradients, world_size, world_size=world_size))
 
@@ -212,7 +208,6 @@ def plan_refusals(world_size):
     return True
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_direct_plan_refuses_what_it_must_leave_to_dtensor(world_size):
     assert all(run_on_ranks(plan_refusals, world_size, world_size=world_size))
 
@@ -301,12 +296,10 @@ def foreach_refused(world_size):
     return True
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_foreach_direct_plan_matches_the_reference(world_size):
     assert all(run_on_ranks(foreach_direct, world_size, world_size=world_size))
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_foreach_lists_the_direct_path_refuses_stay_right(world_size):
     assert all(run_on_ranks(foreach_refused, world_size, world_size=world_size))
 
@@ -362,6 +355,5 @@ def shard_like(plain, peer):
     return distribute_tensor(plain, peer.device_mesh, list(aligned_placements(plain, peer)))
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_threads_racing_to_decide_plans_get_right_values(world_size):
     assert all(run_on_ranks(direct_threads, world_size, world_size=world_size))

@@ -9,8 +9,6 @@ import torch.nn.functional as F
 from _ranks import close, full, mesh_for, placements_for, plain_grad, rank, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
-WORLD_SIZES = [2, 4]
-
 
 def _run(fn, world_size, *args):
     return run_on_ranks(fn, world_size, *args, world_size=world_size)
@@ -54,7 +52,6 @@ def mlp_column_row(world_size):
     return mf.stats()
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_mlp_with_column_and_row_sharded_weights_and_plain_input(world_size):
     stats = _run(mlp_column_row, world_size)
     assert any("addmm" in op or "mm" in op for op in stats[0]), stats[0]
@@ -87,7 +84,6 @@ def attention_mask(world_size, mask_kind):
     return probs.placements[-1] == Shard(1)
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("mask_kind", ["broadcast", "same_shape"])
 def test_plain_attention_mask_added_to_sharded_scores(world_size, mask_kind):
     still_sharded_by_heads = _run(attention_mask, world_size, mask_kind)
@@ -133,7 +129,6 @@ def embedding_and_loss(world_size, shard_dim):
     return sorted(mf.stats())
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("shard_dim", [0, 1])
 def test_embedding_with_plain_ids_and_loss_with_plain_labels(world_size, shard_dim):
     ops = _run(embedding_and_loss, world_size, shard_dim)[0]
@@ -188,7 +183,6 @@ def _local_rows(device_mesh, rows):
     return slice(offset[0], offset[0] + shape[0])
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_cat_copy_and_inplace_ops(world_size):
     assert _run(cat_copy_inplace, world_size) == ["ok"] * world_size
 
@@ -224,7 +218,6 @@ def local_rule(world_size, rows):
     return local_rows
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("rows", [8, 7])
 def test_local_rule_takes_this_ranks_piece_even_and_uneven(world_size, rows):
     local_rows = _run(local_rule, world_size, rows)
@@ -253,7 +246,6 @@ def _rows_of(dtensor):
     return slice(offset[0], offset[0] + shape[0])
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_rule_registered_per_op(world_size):
     assert _run(local_rule_registered, world_size) == ["ok"] * world_size
 
@@ -281,7 +273,6 @@ def callable_rule(world_size):
     return str(seen[0][0])
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_callable_rule_decides_per_operand(world_size):
     assert _run(callable_rule, world_size)[0] == "aten.mm.default"
 
@@ -324,6 +315,5 @@ def other_thread(world_size):
     return "ok"
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_threads_other_than_the_patching_one(world_size):
     assert _run(other_thread, world_size) == ["ok"] * world_size

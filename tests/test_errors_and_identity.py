@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from _ranks import close, mesh_for, placements_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
-
-WORLD_SIZES = [2, 4]
 
 # An op with two tensor inputs and no DTensor sharding strategy (defined at import, before any
 # patch(), like a library's custom kernel).
@@ -55,7 +52,6 @@ def error_cases(world_size):
     return out
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_errors_name_op_operand_shapes_placements_mesh_and_the_fix(world_size):
     out = run_on_ranks(error_cases, world_size, world_size=world_size)[0]
 
@@ -132,6 +128,5 @@ def pure_programs(world_size):
     return len(unpatched)
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_programs_that_already_run_are_unchanged(world_size):
     assert run_on_ranks(pure_programs, world_size, world_size=world_size) == [8] * world_size

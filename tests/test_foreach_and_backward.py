@@ -8,8 +8,6 @@ import torch
 from _ranks import close, mesh_for, placements_for, plain_grad, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
-WORLD_SIZES = [2, 4]
-
 
 def _params(m):
     torch.manual_seed(0)
@@ -32,7 +30,6 @@ def _loss(params, x):
     return (h * h).mean() + (d * d).sum()
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("optimizer", ["sgd_momentum_nesterov", "adam", "adamw_amsgrad", "rmsprop", "adagrad"])
 def test_optimizer_steps_mixing_dtensor_and_plain_parameters(world_size, optimizer):
     assert run_on_ranks(optimizer_steps, world_size, optimizer, world_size=world_size) == ["ok"] * world_size
@@ -113,7 +110,6 @@ def foreach_direct(world_size):
     return "ok"
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_foreach_mixed_lists_tensor_scalars_and_meshes(world_size):
     assert run_on_ranks(foreach_direct, world_size, world_size=world_size) == ["ok"] * world_size
 
@@ -160,7 +156,6 @@ def backward_only(world_size):
     return sorted(ops)
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_mixed_op_that_only_appears_in_backward(world_size):
     ops = run_on_ranks(backward_only, world_size, world_size=world_size)[0]
     assert ops == ["aten::mul.Tensor"], ops
@@ -186,6 +181,5 @@ def plain_grad_paths(world_size):
     return "ok"
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_plain_tensors_that_require_grad_get_plain_reference_gradients(world_size):
     assert run_on_ranks(plain_grad_paths, world_size, world_size=world_size) == ["ok"] * world_size

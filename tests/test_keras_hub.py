@@ -307,4 +307,5 @@ def test_fit_and_predict_go_through_keras_hub_input_pipeline():
     assert _reference("gemma")["pipeline"] == "grain"
     for results in _distributed(2):  # the cases compare their pipeline with the reference's
         for case, out in results.items():
-            assert isinstance(out, dict) and out["pipeline"] == "grain", case
+            assert isinstance(out, dict), f"{case} raised:\n{out}"
+            assert out["pipeline"] == "grain", case

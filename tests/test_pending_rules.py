@@ -46,14 +46,6 @@ def _fresh_names():
     return f"mixfix_test_{tag}", f"mixfix_custom_ops_{tag}"
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    assert not mf.is_patched(), "a previous test leaked a patch"
-    yield
-    while mf.is_patched():
-        mf.unpatch()
-
-
 # --------------------------------------------------------------------------- registry (single process)
 
 

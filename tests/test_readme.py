@@ -1,4 +1,8 @@
-"""Every fenced ```python and ```bash block of README.md runs as written, in a fresh process.
+"""Every fenced ```python and ```bash block of the documentation runs as written, in a fresh process.
+
+The documentation is README.md, CONTRIBUTING.md and every ``docs/*.md`` (``DOCS``); a block is tested wherever
+it lives, and ``RUN_PER_FILE`` says how many blocks each file runs and checks, so that a file whose blocks lost
+their markers, or a page added without its entry, fails instead of testing nothing.
 
 A block runs as it is, with the environment a user has (auto-activation on), and must exit 0 with an
 empty stderr; a ```text block marked ``output`` right after it lists lines its stdout must contain. A
@@ -11,11 +15,13 @@ marker (an HTML comment on the line before a block) says how a block is run:
   that the blocks after it see installed (on ``PYTHONPATH``, with the entry points of a ``pyproject.toml``
   block in a ``.dist-info``, as pip would leave them);
 - ``<!-- readme-test: same-as=PATH -->``: the text of a file in this repository (checked identical; that
-  file is run by the README block that runs it);
+  file is run by the block that runs it);
+- ``<!-- readme-test: part-of=PATH -->``: lines of a file in this repository, in the file's order (checked; the
+  file is run by the block that runs it);
 - ``<!-- readme-test: skip=REASON -->``: not run (exactly the blocks listed in ``SKIPPED`` below);
 - ``<!-- readme-test: output -->`` on a ```text block: lines the previous block's stdout contains;
 - ``<!-- readme-test: message=ID -->`` on a ```text block: the first line of a message users see,
-  checked against the message the case ``ID`` really produces (``Troubleshooting``).
+  checked against the message the case ``ID`` really produces (docs/troubleshooting.md).
 
 Bash blocks run from the repository root (they name ``examples/...``), python blocks from a temporary
 directory. The environment differs from a user's only where a tool would otherwise print to stderr or
@@ -39,12 +45,28 @@ from typing import Dict, List, Optional
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+DOCS = ["README.md", "CONTRIBUTING.md"] + sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))
+"""Every file whose blocks are tested, as paths from the repository root."""
 TIMEOUT = 300
 
+RUN_PER_FILE = {
+    # path: (blocks run, blocks checked in all: run, output, message, same-as, part-of, file)
+    "README.md": (2, 6),  # the quick start on 2 ranks, the Keras example; their output, torch's error, 10 lines
+    "CONTRIBUTING.md": (0, 0),  # its blocks are CI's commands (skipped here, checked against .ci/run)
+    "docs/architecture.md": (0, 0),
+    "docs/keras.md": (0, 1),  # the whole example program (run from the README)
+    "docs/performance.md": (0, 0),
+    "docs/rules.md": (2, 5),  # register_rule, a rule pack's doctor (its two files and output)
+    "docs/testing.md": (2, 3),  # run_on_ranks and its output, the pytest plugin
+    "docs/troubleshooting.md": (1, 13),  # the command line; every message users see
+}
+"""What each documentation file runs and checks. A block added or removed changes this too."""
+
 SKIPPED = {
-    # installs torch's registry build (several GB; CI keeps the wheels), then the whole suite (~8 minutes)
-    "# the whole suite on the oldest and the newest supported torch, as CI runs it (WHEELS: .ci/run's wheel cache)",
+    # the whole suite (~8 minutes), as CI runs it on the oldest and the newest torch
+    "# on the newest supported torch: everything",
+    # installs torch's registry build (several GB; CI keeps the wheels)
+    "# the oldest and the newest supported torch, as CI installs them (WHEELS: .ci/run's wheel cache)",
     "bash tools/newest_torch.sh",  # asks the registry for its newest torch, downloads it, runs the suite
     "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
     # replace Keras with keras-nightly in the environment they run in, then the Keras tests (~6 minutes)
@@ -59,7 +81,9 @@ SKIPPED = {
 """The first line of every block that is not run. Adding a skip is a decision: it changes this set too."""
 
 _MARKER = re.compile(r"<!--\s*readme-test:\s*([\w-]+)(?:=(.*?))?\s*-->")
-_KNOWN_MARKERS = {"ranks", "pytest", "file", "same-as", "skip", "output", "message"}
+_KNOWN_MARKERS = {"ranks", "pytest", "file", "same-as", "part-of", "skip", "output", "message"}
+_SHOWN = ("same-as", "part-of")  # blocks that show (part of) a file of this repository
+_NOT_RUN = ("skip", "file") + _SHOWN
 _RUN_LANGUAGES = {"python", "bash"}
 
 
@@ -78,6 +102,7 @@ def _without_torch_advice(stderr: str) -> str:
 
 @dataclasses.dataclass
 class Block:
+    path: str  # the documentation file it is in, from the repository root
     line: int  # where its opening fence is (1-based)
     language: str
     code: str
@@ -88,14 +113,18 @@ class Block:
     @property
     def id(self) -> str:
         first = next((line for line in self.code.splitlines() if line.strip()), "")
-        return f"L{self.line}-{self.language}-{re.sub(r'[^A-Za-z0-9]+', '_', first)[:40].strip('_')}"
+        return f"{self.path}:L{self.line}-{self.language}-{re.sub(r'[^A-Za-z0-9]+', '_', first)[:40].strip('_')}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.path} line {self.line}"
 
     @property
     def first_line(self) -> str:
         return next((line for line in self.code.splitlines() if line.strip()), "")
 
 
-def parse(text: str) -> List[Block]:
+def parse(text: str, path: str) -> List[Block]:
     lines = text.splitlines()
     blocks: List[Block] = []
     index = 0
@@ -110,7 +139,7 @@ def parse(text: str) -> List[Block]:
         while not lines[index].startswith("```"):
             body.append(lines[index])
             index += 1
-        block = Block(start + 1, fence.group(1), "\n".join(body) + "\n")
+        block = Block(path, start + 1, fence.group(1), "\n".join(body) + "\n")
         before = start - 1
         while before >= 0 and not lines[before].strip():
             before -= 1
@@ -122,16 +151,16 @@ def parse(text: str) -> List[Block]:
         index += 1
     runnable = None
     for block in blocks:
-        if block.language in _RUN_LANGUAGES and block.marker not in ("skip", "file", "same-as"):
+        if block.language in _RUN_LANGUAGES and block.marker not in _NOT_RUN:
             runnable = block
         elif block.marker == "output":
-            assert runnable is not None and runnable.output is None, f"README line {block.line}: output of what?"
+            assert runnable is not None and runnable.output is None, f"{block.where}: output of what?"
             runnable.output = block
     return blocks
 
 
-BLOCKS = parse(README.read_text())
-RUN = [block for block in BLOCKS if block.language in _RUN_LANGUAGES and block.marker not in ("skip", "file", "same-as")]
+BLOCKS = [block for path in DOCS for block in parse((ROOT / path).read_text(), path)]
+RUN = [block for block in BLOCKS if block.language in _RUN_LANGUAGES and block.marker not in _NOT_RUN]
 
 
 def _normalize(text: str) -> str:
@@ -156,9 +185,9 @@ def _user_environment(extra_path: Optional[pathlib.Path] = None) -> Dict[str, st
     return env
 
 
-def _install_files(project: pathlib.Path, upto_line: int) -> Optional[pathlib.Path]:
-    """Write the ``file=`` blocks above ``upto_line`` into ``project`` and "install" it as pip would."""
-    files = [block for block in BLOCKS if block.marker == "file" and block.line < upto_line]
+def _install_files(project: pathlib.Path, upto: Block) -> Optional[pathlib.Path]:
+    """Write the ``file=`` blocks above ``upto`` (in its file) into ``project`` and "install" it as pip would."""
+    files = [block for block in BLOCKS if block.marker == "file" and block.path == upto.path and block.line < upto.line]
     if not files:
         return None
     project.mkdir(exist_ok=True)
@@ -184,7 +213,7 @@ def _check_output(block: Block, stdout: str) -> None:
         expected = _normalize(expected)
         if expected and expected != "...":
             assert any(expected in line for line in got), (
-                f"README line {block.output.line}: {expected!r} is not in the output of the block at line "
+                f"{block.output.where}: {expected!r} is not in the output of the block at line "
                 f"{block.line}:\n{stdout}")
 
 
@@ -195,21 +224,30 @@ def test_every_block_is_run_or_deliberately_skipped():
     languages = {block.language for block in BLOCKS}
     assert languages <= {"python", "bash", "text", "toml"}, f"fenced blocks of unknown kind: {languages}"
     for block in BLOCKS:
-        assert block.language, f"README line {block.line}: a fence without a language (python, bash, text, toml)"
-        assert block.marker is None or block.marker in _KNOWN_MARKERS, (block.line, block.marker)
+        assert block.language, f"{block.where}: a fence without a language (python, bash, text, toml)"
+        assert block.marker is None or block.marker in _KNOWN_MARKERS, (block.where, block.marker)
         if block.language in ("text", "toml"):
-            assert block.language == "toml" or block.marker in (None, "output", "message"), block.line
-    skipped = {block.first_line for block in BLOCKS if block.language in _RUN_LANGUAGES and block.marker == "skip"}
-    assert skipped == SKIPPED
+            assert block.language == "toml" or block.marker in (None, "output", "message"), block.where
+    skipped = [block.first_line for block in BLOCKS if block.language in _RUN_LANGUAGES and block.marker == "skip"]
+    assert sorted(skipped) == sorted(SKIPPED)  # each once: a skip's first line names it
     assert all(block.value for block in BLOCKS if block.marker == "skip"), "a skip says why"
-    assert len(RUN) >= 6  # the quick start, rules, pack doctor, pytest, CLI, run_on_ranks, the Keras example
+    assert len(RUN) >= 7  # the quick start, rules, pack doctor, pytest, CLI, run_on_ranks, the Keras example
+
+
+def test_each_documentation_file_runs_and_checks_what_it_should():
+    assert set(RUN_PER_FILE) == set(DOCS), "a documentation file added or removed: give its counts"
+    checked_markers = ("output", "message", "file") + _SHOWN
+    found = {path: (sum(block.path == path for block in RUN),
+                    sum(block.path == path and (block in RUN or block.marker in checked_markers) for block in BLOCKS))
+             for path in DOCS}
+    assert found == RUN_PER_FILE
 
 
 @pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
 def test_block_runs_as_written(block, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    env = _user_environment(_install_files(tmp_path / "project", block.line))
+    env = _user_environment(_install_files(tmp_path / "project", block))
     if block.language == "bash":
         command, cwd = ["bash", "-euo", "pipefail", "-c", block.code], ROOT
     else:
@@ -223,7 +261,7 @@ def test_block_runs_as_written(block, tmp_path):
         else:
             command = [sys.executable, str(script)]
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    where = f"README line {block.line}:\n{block.code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    where = f"{block.where}:\n{block.code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert result.returncode == 0, where
     assert _without_torch_advice(result.stderr) == "", where
     if block.output is not None:
@@ -231,7 +269,8 @@ def test_block_runs_as_written(block, tmp_path):
 
 
 CI_RUNS = {
-    "# the whole suite on the oldest and the newest supported torch, as CI runs it (WHEELS: .ci/run's wheel cache)",
+    "# on the newest supported torch: everything",  # README.md, "Test"
+    "# the oldest and the newest supported torch, as CI installs them (WHEELS: .ci/run's wheel cache)",
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
     "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
 }
@@ -245,26 +284,48 @@ def test_ci_runs_the_commands_the_readme_gives():
     assert {block.first_line for block in blocks} == CI_RUNS
     for block in blocks:
         commands = [line.strip() for line in block.code.splitlines() if line.strip() and not line.startswith("#")]
-        assert commands, block.line
+        assert commands, block.where
         for command in commands:  # a line of .ci/run, or its end (`.venv-ci/bin/pip install ...`, `... && lint-imports`)
             assert any(line == command or line.endswith(" " + command) or line.endswith("/" + command)
-                       for line in ci_lines), f"README line {block.line}: .ci/run does not run {command!r}"
+                       for line in ci_lines), f"{block.where}: .ci/run does not run {command!r}"
+    test_command = next(block for block in blocks if block.first_line == "# on the newest supported torch: everything")
+    assert test_command.path == "README.md", "the README gives the test command CI runs"
+
+
+_CI_SECTION = re.compile(r'\b(README\.md|CONTRIBUTING\.md|docs/[\w.-]+\.md) \(?"([^"]+)"')
+
+
+def _headings(path: str) -> List[str]:
+    text = re.sub(r"^```.*?^```", "", (ROOT / path).read_text(), flags=re.S | re.M)  # not a comment in a block
+    return [line.lstrip("#").strip() for line in text.splitlines() if re.match(r"#{1,6} ", line)]
+
+
+def test_ci_names_sections_that_exist():
+    named = _CI_SECTION.findall((ROOT / ".ci" / "run").read_text())
+    assert len(named) >= 5, named  # the test command, the three environments' installs and tests
+    for path, section in named:
+        assert section in _headings(path), f'.ci/run names {path} "{section}", which has no such heading'
 
 
 def test_blocks_that_show_a_file_show_it_exactly():
-    shown = [block for block in BLOCKS if block.marker == "same-as"]
-    assert shown
+    shown = [block for block in BLOCKS if block.marker in _SHOWN]
+    assert {block.marker for block in shown} == set(_SHOWN)
     for block in shown:
         source = (ROOT / block.value).read_text()
-        code = re.sub(r'\A""".*?"""\n+', "", source, flags=re.S)  # the file's docstring is not shown
-        assert code == block.code, f"README line {block.line} differs from {block.value}"
+        if block.marker == "same-as":
+            code = re.sub(r'\A""".*?"""\n+', "", source, flags=re.S)  # the file's docstring is not shown
+            assert code == block.code, f"{block.where} differs from {block.value}"
+        else:
+            lines = iter(source.splitlines())  # each shown line, in order: `in` on an iterator consumes it
+            missing = [line for line in block.code.splitlines() if line.strip() and line not in lines]
+            assert not missing, f"{block.where}: not lines of {block.value} in its order: {missing}"
         assert any(block.value in run.code for run in RUN if run.language == "bash"), f"nothing runs {block.value}"
 
 
 def test_every_example_script_is_run_by_a_block():
     for script in sorted((ROOT / "examples").glob("*.py")):
         name = f"examples/{script.name}"
-        assert any(name in block.code for block in RUN), f"{name} is not run by any README block"
+        assert any(name in block.code for block in RUN), f"{name} is not run by any documentation block"
 
 
 # --------------------------------------------------------------------------- Troubleshooting: the real messages
@@ -389,12 +450,13 @@ def _comparable(text: str) -> str:
 
 def test_troubleshooting_quotes_the_messages_users_really_see(tmp_path):
     quoted = [block for block in BLOCKS if block.marker == "message"]
+    assert quoted
     real = _real_messages(tmp_path)
     assert {block.value for block in quoted} == set(real), "every case is quoted, and only those"
     for block in quoted:
         expected = _comparable(block.code)
         actual = _comparable(real[block.value])
         if expected.endswith("..."):
-            assert actual.startswith(expected[:-3].rstrip()), (block.line, real[block.value])
+            assert actual.startswith(expected[:-3].rstrip()), (block.where, real[block.value])
         else:
-            assert actual == expected, f"README line {block.line} ({block.value}): the message is now\n{real[block.value]}"
+            assert actual == expected, f"{block.where} ({block.value}): the message is now\n{real[block.value]}"

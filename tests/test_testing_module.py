@@ -29,6 +29,8 @@ def test_a_script_without_a_main_guard_fails_at_once_and_says_why(tmp_path):
     took = time.monotonic() - started
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: rank ") and "before joining the process group" in last, result.stderr
+    # a WorkerStartError: a RuntimeError, and a MixfixError like every error the package raises
+    assert last.startswith("keras_dtensor_mixfix.testing.WorkerStartError: rank ") and (
+        "before joining the process group" in last), result.stderr
     assert 'under `if __name__ == "__main__":`' in last
     assert took < 60, took  # it used to wait for the 120 s start timeout

@@ -3,7 +3,8 @@
 ``patch()`` makes every op that meets a DTensor and a plain tensor promote the plain one to
 a DTensor on the op's mesh (replicated, matched to the peer's sharding, or taken as this
 rank's local shard), following per-op rules you can extend with :func:`register_rule`.
-``unpatch()`` restores torch exactly.
+``unpatch()`` restores torch exactly. Every exception the package raises derives from
+:class:`MixfixError` (and from the builtin it replaced: ``ValueError``, ``TypeError``, ``RuntimeError``).
 
 Names are imported on first use, so the ``torch.backends`` entry point that auto-activates
 the package adds almost nothing to ``import torch``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import importlib as _importlib
 import typing as _typing
+import warnings as _warnings
 
 __version__ = "0.1.0"
 
@@ -21,10 +23,14 @@ _EXPORTS = {
     "MixedCall": "._rules.decisions",
     "Operand": "._rules.decisions",
     "Rule": "._rules.decisions",
+    "MixfixError": "._rules.errors",
     "MixedOperandError": "._rules.errors",
     "ReplicationCheckError": "._rules.errors",
     "ReplicationCheckWarning": "._rules.errors",
-    "RankError": ".testing",
+    "UnsupportedTorchError": "._rules.errors",
+    "InvalidArgumentError": "._rules.errors",
+    "UnknownOperatorError": "._rules.errors",
+    "ArgumentTypeError": "._rules.errors",
     "Options": "._rules.options",
     "current_options": "._lifecycle.patching",
     "is_patched": "._lifecycle.patching",
@@ -36,7 +42,12 @@ _EXPORTS = {
     "reset_stats": "._engine.stats",
     "stats": "._engine.stats",
     "hookimpl": "._rules.hookspecs",
-    "UnsupportedTorchError": "._torch.versions",
+}
+
+# Names that moved: still found here for one release, with a DeprecationWarning naming the new home.
+# Not in ``__all__`` (a star import does not warn) nor in ``dir()``.
+_DEPRECATED = {
+    "RankError": ("keras_dtensor_mixfix.testing", "it is raised by the testing helpers only"),
 }
 
 # Public submodules, reachable as attributes (``keras_dtensor_mixfix.testing.run_on_ranks``) without
@@ -47,6 +58,12 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> _typing.Any:
+    moved = _DEPRECATED.get(name)
+    if moved is not None:
+        new_home, why = moved
+        _warnings.warn(f"keras_dtensor_mixfix.{name} is deprecated and will be removed in the next release: import "
+                       f"it from {new_home} ({why})", DeprecationWarning, stacklevel=2)
+        return getattr(_importlib.import_module(new_home), name)  # not cached here: every use warns
     module_name = _EXPORTS.get(name)
     if module_name is None:
         if name in _SUBMODULES:
@@ -65,11 +82,11 @@ def __dir__() -> list:
 if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from . import hookspecs, keras_integration, testing
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
-    from ._rules.errors import MixedOperandError, ReplicationCheckError, ReplicationCheckWarning
-    from .testing import RankError
+    from ._rules.errors import (ArgumentTypeError, InvalidArgumentError, MixedOperandError, MixfixError,
+                                ReplicationCheckError, ReplicationCheckWarning, UnknownOperatorError,
+                                UnsupportedTorchError)
     from ._rules.options import Options
     from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch
     from ._rules.registry import RuleHandle, register_rule
     from ._engine.stats import reset_stats, stats
-    from ._torch.versions import UnsupportedTorchError
     from ._rules.hookspecs import hookimpl

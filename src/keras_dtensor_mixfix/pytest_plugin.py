@@ -16,7 +16,16 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
+from ._rules.errors import MixfixError
+
 MARKER = "mixfix"
+
+
+class MarkerUsageError(MixfixError, pytest.UsageError):
+    """``@pytest.mark.mixfix`` used with positional arguments (it takes ``patch()`` keyword options only).
+
+    A ``pytest.UsageError``, so pytest reports it as a usage mistake rather than a crash.
+    """
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -51,7 +60,7 @@ def _test_options(request: Any) -> Dict[str, Any]:
     marker = request.node.get_closest_marker(MARKER)
     if marker is not None:
         if marker.args:
-            raise pytest.UsageError(f"@pytest.mark.{MARKER} takes keyword options only, got {marker.args!r}")
+            raise MarkerUsageError(f"@pytest.mark.{MARKER} takes keyword options only, got {marker.args!r}")
         options.update(marker.kwargs)
     return options
 

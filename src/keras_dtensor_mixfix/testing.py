@@ -32,15 +32,21 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._rules.errors import MixfixError
+
 log = logging.getLogger(__name__)
 
-__all__ = ["RankError", "run_on_ranks", "mesh", "rank", "world_size", "shutdown_workers"]
+__all__ = ["RankError", "WorkerStartError", "run_on_ranks", "mesh", "rank", "world_size", "shutdown_workers"]
 
 LOOPBACK = "127.0.0.1"
 
 
-class RankError(RuntimeError):
-    """A function run by :func:`run_on_ranks` raised (or timed out) on at least one rank."""
+class RankError(MixfixError, RuntimeError):
+    """A function run by :func:`run_on_ranks` raised (or timed out) on at least one rank.
+
+    Lives here, with the helper that raises it; ``keras_dtensor_mixfix.RankError`` still finds it
+    for one more release, with a ``DeprecationWarning``.
+    """
 
     def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str,
                  failures: Optional[Dict[int, Tuple[str, str, str]]] = None) -> None:
@@ -52,6 +58,11 @@ class RankError(RuntimeError):
         others = sorted(set(self.failures) - {rank})
         extra = f" (ranks {others} failed too)" if others else ""
         super().__init__(f"rank {rank} raised {exc_type}: {message}{extra}\n--- traceback on rank {rank} ---\n{remote_traceback}")
+
+
+class WorkerStartError(MixfixError, RuntimeError):
+    """The worker processes of :func:`run_on_ranks` did not all join their process group (one exited
+    at start, or they did not start within ``start_timeout``)."""
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -177,10 +188,10 @@ class _Pool:
                 dead = [(r, p.exitcode) for r, p in enumerate(self.processes) if r not in ready and p.exitcode is not None]
                 if dead:
                     self.close()
-                    raise RuntimeError(_DIED_AT_START.format(rank=dead[0][0], code=dead[0][1])) from None
+                    raise WorkerStartError(_DIED_AT_START.format(rank=dead[0][0], code=dead[0][1])) from None
                 if time.monotonic() > deadline:
                     self.close()
-                    raise RuntimeError(f"{size} CPU ranks did not start within {start_timeout}s") from None
+                    raise WorkerStartError(f"{size} CPU ranks did not start within {start_timeout}s") from None
                 continue
             ready.add(r)
 
@@ -247,7 +258,8 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     """Call ``fn(*args, **kwargs)`` on every rank of a ``world_size``-process gloo group on 127.0.0.1.
 
     Returns the per-rank return values, rank 0 first. Raises :class:`RankError` with the
-    lowest failing rank's traceback if any rank raised or did not answer within ``timeout``.
+    lowest failing rank's traceback if any rank raised or did not answer within ``timeout``, and
+    :class:`WorkerStartError` if the workers could not start.
     """
     global _exit_hook_registered
     with _pools_lock:

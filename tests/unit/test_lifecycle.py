@@ -26,17 +26,10 @@ def _dtensor_rules() -> dict:
     return found
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    assert not mf.is_patched(), "a previous test leaked a patch"
-    yield
-    while mf.is_patched():
-        mf.unpatch()
-
-
 def test_patch_unpatch_lifecycle_including_repeats(caplog):
     caplog.set_level(logging.INFO, logger="keras_dtensor_mixfix")
     before = _dtensor_rules()
+    swapped_before = _swapped_attributes()
     mf.unpatch()  # unpatch before patch: harmless, logged
     assert "not patched" in caplog.text
     mf.patch()
@@ -45,13 +38,27 @@ def test_patch_unpatch_lifecycle_including_repeats(caplog):
     assert len(hooked) > len(before) + 1000  # every op with two tensor inputs
     assert "aten::mul.Tensor" in hooked and "aten::mm" in hooked and "aten::_foreach_add_.List" in hooked
     assert "aten::relu" not in hooked  # one tensor input: cannot mix, never pays
+    swapped = _swapped_attributes()
+    assert swapped["save"] is not swapped_before["save"] and len(swapped["register"]) >= len(hooked) - len(before)
     mf.patch()  # twice: harmless, logged
     assert "already patched" in caplog.text
     assert _dtensor_rules() == hooked
+    assert _swapped_attributes() == swapped  # nothing swapped twice
     mf.unpatch()
     mf.unpatch()
     assert not mf.is_patched()
     assert _dtensor_rules() == before
+    assert _swapped_attributes() == swapped_before  # every recorded swap undone, exactly once
+
+
+def _swapped_attributes() -> dict:
+    """What the patch swaps in torch besides the rules: the holders' ``register``, ``AOTAutogradCache.save``."""
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+    from torch._library import simple_registry
+
+    holders = {qualname: vars(entry.torch_dispatch_rules).get("register")
+               for qualname, entry in simple_registry.singleton._data.items()}
+    return {"register": {k: v for k, v in holders.items() if v is not None}, "save": vars(AOTAutogradCache)["save"]}
 
 
 def test_patched_nests_and_restores_outer_state_even_on_error():
@@ -90,8 +97,11 @@ def test_inner_unpatch_is_undone_by_outer_block_exit():
 
 def test_unknown_or_bad_options_raise_and_leave_nothing_patched():
     before = _dtensor_rules()
-    with pytest.raises(TypeError, match="unknown option"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'defualt'"):
         mf.patch(defualt="local")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'defualt'"):
+        with mf.patched(defualt="local"):
+            pass  # pragma: no cover - never entered
     with pytest.raises(ValueError, match="unknown rule"):
         mf.patch(default="replicated")
     with pytest.raises(TypeError, match="rule must be"):
@@ -352,13 +362,13 @@ def test_every_exception_users_see_is_exported_and_submodules_are_attributes_wit
         "names = dir(mf)\n"
         "print('helpers', sorted({'Any', 'importlib', 'TYPE_CHECKING', '_importlib', '_typing', '_EXPORTS'} & set(names)))\n"
         "print('public', all(n in names for n in mf.__all__), sorted({'testing', 'keras_integration', 'hookspecs'} & set(names)))\n"
-        "print('exceptions', mf.RankError.__module__, mf.ReplicationCheckError.__mro__[1].__name__,"
+        "print('exceptions', mf.testing.RankError.__module__, mf.ReplicationCheckError.__mro__[1].__name__,"
         " mf.ReplicationCheckWarning.__mro__[1].__name__)\n"
         "print('submodules', mf.testing.run_on_ranks.__module__, mf.keras_integration.install.__module__,"
         " mf.hookspecs.hookimpl is mf.hookimpl)\n"
         "print('torch', 'torch' in sys.modules, 'keras' in sys.modules)\n"
         "ns = {}; exec('from keras_dtensor_mixfix import *', ns)\n"
-        "print('star', sorted({'RankError', 'ReplicationCheckError', 'ReplicationCheckWarning'} - set(ns)))\n"
+        "print('star', sorted({'MixfixError', 'ReplicationCheckError', 'ReplicationCheckWarning'} - set(ns)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "helpers []" in out
@@ -402,3 +412,112 @@ def test_state_listeners_hear_each_change_once_in_the_changing_thread():
     mf.unpatch()
     me = threading.current_thread().name
     assert heard == [(True, True, me), (False, False, me), (True, True, me), (False, False, me)]
+
+
+def test_aot_autograd_cache_save_left_in_place_when_replaced_on_top(caplog):
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    original = vars(AOTAutogradCache)["save"]
+    mf.patch()
+    theirs = staticmethod(lambda key, entry, remote: None)
+    AOTAutogradCache.save = theirs
+    try:
+        caplog.set_level(logging.WARNING, logger="keras_dtensor_mixfix")
+        mf.unpatch()
+        assert vars(AOTAutogradCache)["save"] is theirs
+        assert "AOTAutogradCache.save was replaced by someone else; left as it is" in caplog.text
+    finally:
+        AOTAutogradCache.save = original
+    mf.patch()  # the guard installs again: its record was spent
+    assert vars(AOTAutogradCache)["save"] is not original
+    mf.unpatch()
+    assert vars(AOTAutogradCache)["save"] is original
+
+
+def test_aot_autograd_cache_skips_only_compilations_that_promoted(monkeypatch):
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    from keras_dtensor_mixfix._engine.context import traced_promotions
+    from keras_dtensor_mixfix._lifecycle import compile_cache
+    from keras_dtensor_mixfix._torch import api
+
+    saved = []
+    monkeypatch.setattr(AOTAutogradCache, "save", staticmethod(lambda key, entry, remote: saved.append(key)))
+    compiling = ["first"]
+    monkeypatch.setattr(api, "current_compile_id", lambda: compiling[0])
+    monkeypatch.setattr(compile_cache, "current_compile_id", lambda: compiling[0])
+    mf.patch()
+    traced_promotions.note()  # the compilation "first" promoted
+    AOTAutogradCache.save("first graph", None, False)
+    compiling[0] = "second"
+    AOTAutogradCache.save("second graph", None, False)
+    assert saved == ["second graph"]
+    mf.unpatch()
+    assert not traced_promotions.traced  # unpatch() forgot it (and reset dynamo)
+
+
+def test_patch_state_has_one_holder_the_engine_reads():
+    from keras_dtensor_mixfix._engine import context
+    from keras_dtensor_mixfix._lifecycle import patching
+
+    assert context.state() == context.PatchState()
+    mf.patch(default="local", allow_newer_torch=False)
+    state = context.state()
+    assert state.active and context.is_active() and mf.is_patched()
+    assert state.installed is patching.interceptor() is not None
+    assert context.options() is state.options is mf.current_options()
+    assert state.options.default == "local" and state.allow_newer_torch is False
+    mf.patch(direct=False)  # while patched: only the options change
+    assert context.state().installed is state.installed and context.options().direct is False
+    mf.unpatch()
+    assert context.state() == context.PatchState()
+    assert not hasattr(patching, "_options") and not hasattr(patching, "_interceptor")
+
+
+def test_patch_and_patched_take_each_option_as_a_typed_keyword():
+    import dataclasses
+    import inspect
+
+    from keras_dtensor_mixfix import Options
+
+    fields = {field.name: field for field in dataclasses.fields(Options)}
+    for function in (mf.patch, mf.patched):
+        parameters = inspect.signature(function).parameters
+        assert set(parameters) == set(fields) | {"allow_newer_torch"}, function
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters.values())
+        for name in fields:
+            assert parameters[name].annotation != inspect.Parameter.empty
+            assert name in function.__doc__, (function, name)
+
+
+@pytest.mark.parametrize("name, value", [("default", "local"), ("default", "error"), ("plain_grads", False),
+                                         ("check", "warn"), ("direct", False)])
+def test_each_option_reaches_current_options(name, value):
+    defaults = mf.Options()
+    mf.patch(**{name: value})
+    assert getattr(mf.current_options(), name) == value
+    others = {n: v for n, v in mf.current_options().as_dict().items() if n != name}
+    assert others == {n: v for n, v in defaults.as_dict().items() if n != name}
+    mf.unpatch()
+    with mf.patched(**{name: value}):
+        assert getattr(mf.current_options(), name) == value
+    assert mf.current_options() == defaults
+
+
+def test_a_callable_default_rule_reaches_current_options():
+    def rule(call):
+        return "local"
+
+    with mf.patched(default=rule):
+        assert mf.current_options().default is rule
+
+
+def test_options_not_given_keep_the_environment_value(monkeypatch):
+    monkeypatch.setenv("KERAS_DTENSOR_MIXFIX_DEFAULT", "local")
+    mf.patch(direct=False)
+    assert mf.current_options().default == "local" and mf.current_options().direct is False
+    mf.unpatch()
+    mf.patch(default="error")  # given: wins over the environment
+    assert mf.current_options().default == "error"
+    mf.unpatch()
+    assert mf.current_options().default == "local"  # not patched: defaults with the environment

@@ -14,8 +14,9 @@ from torch.distributed.tensor import DTensor
 
 from .._rules.decisions import REPLICATE, Operand
 from .._rules.ops import OpTraits
-from .._torch.api import compiled_promotions, is_traced
+from .._torch.api import is_traced
 from .construct import local_dtensor, local_piece, new_dtensor, rebuild, whole_dtensor
+from .context import traced_promotions
 from .decide import decide_operands
 from .devices import on_mesh_device
 from .operands import build_call, collect_operands
@@ -56,5 +57,5 @@ def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
             first_plain = plain
     new_args, new_kwargs = rebuild(args, kwargs, replacements)
     if first_plain is not None and is_traced(first_plain):
-        compiled_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
+        traced_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
     return run_promoted(op_state(func).call, traits, new_args, new_kwargs, promoted)

@@ -27,9 +27,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .._rules.ops import has_two_tensor_inputs, op_key
+from .._engine import context
 from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, torch_first
+from .._rules.ops import has_two_tensor_inputs, op_key
 from .._torch.api import all_op_qualnames, dispatch_rule_holder, op_schema, registration_handle
+from .recorder import PatchRecorder
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +73,6 @@ _writing_ops: set = set()
 """Candidate in-place ops: they write into their first argument (``self``, or a ``self`` list)."""
 
 
-# The interceptor currently installed, for registrations that hand an op back to us.
-_active: "Optional[DispatchRuleInterceptor]" = None
-
-
 class _YieldingRegister:
     """Stands in for ``register`` on the rule holder of every op we hook.
 
@@ -96,7 +94,7 @@ class _YieldingRegister:
         original = type(self.holder).register
         if torch_dispatch_class is not self.dtensor:
             return original(self.holder, torch_dispatch_class, func)
-        installed = _active
+        installed = context.state().installed  # the interceptor of the patch in force, if any
         if installed is not None:
             installed._step_aside(self.qualname)
         handle = original(self.holder, torch_dispatch_class, func)
@@ -104,7 +102,7 @@ class _YieldingRegister:
 
         def destroy() -> None:
             handle.destroy()
-            current = _active
+            current = context.state().installed
             if current is not None:
                 current._install_one(qualname)
 
@@ -129,6 +127,7 @@ class DispatchRuleInterceptor:
         self._skipped: Dict[str, str] = {}
         self._yielding: Dict[str, _YieldingRegister] = {}
         self._lock = threading.RLock()
+        self._register_swaps = PatchRecorder()
 
     @property
     def hooked_ops(self) -> int:
@@ -140,11 +139,10 @@ class DispatchRuleInterceptor:
         return dict(self._skipped)
 
     def install(self) -> None:
-        global _active
+        """Hook every candidate op; the lifecycle then publishes this interceptor as the one in force."""
         for qualname in candidate_qualnames():
             self._install_one(qualname)
         self.hold_pending()
-        _active = self
         log.debug("dispatch rules installed on %d ops (%d skipped)", len(self._handles), len(self._skipped))
 
     def _install_one(self, qualname: str) -> None:
@@ -161,7 +159,9 @@ class DispatchRuleInterceptor:
             self._handles[qualname] = type(holder).register(holder, self._dtensor, rule)
             if qualname not in self._yielding:
                 yielding = _YieldingRegister(holder, qualname, self._dtensor)
-                holder.register = yielding  # an instance attribute: shadows the method for this holder only
+                # An instance attribute: shadows the method for this holder only; restoring deletes it.
+                self._register_swaps.set(holder, "register", yielding,
+                                         label=f"the register method of {qualname}'s dispatch-rule holder")
                 self._yielding[qualname] = yielding
 
     def hold_pending(self) -> None:
@@ -195,11 +195,8 @@ class DispatchRuleInterceptor:
 
     def remove(self) -> List[str]:
         """Deregister our rules; returns the ops where someone replaced ours (left as they are)."""
-        global _active
         foreign: List[str] = []
         with self._lock:
-            if _active is self:
-                _active = None
             for qualname, handle in self._handles.items():
                 holder = dispatch_rule_holder(qualname)
                 current = holder.find(self._dtensor)
@@ -207,10 +204,7 @@ class DispatchRuleInterceptor:
                     handle.destroy()
                 elif current is not None:
                     foreign.append(qualname)
-            for qualname, yielding in self._yielding.items():
-                holder = yielding.holder
-                if holder.__dict__.get("register") is yielding:
-                    del holder.register  # the class's own method is visible again
+            self._register_swaps.restore()  # the class's own method is visible again
             self._handles.clear()
             self._skipped.clear()
             self._yielding.clear()

@@ -1,36 +1,63 @@
 """Patch lifecycle: ``patch``, ``unpatch``, ``is_patched``, ``patched``.
 
-One lock guards the state; no user code runs while it is held. State is process-wide (the
-dispatch rules are global), so every thread sees the same patch, whichever thread patched.
+The patch state itself (installed or not, the options in force) has one holder,
+``_engine.context``, which the engine reads on every promotion; this module is its only writer.
+One lock here orders the lifecycle's steps (patch, unpatch, option and rule changes) across
+threads; state listeners run after it is released. State is process-wide (the dispatch rules are
+global), so every thread sees the same patch, whichever thread patched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from .._engine import context
+from .._rules.decisions import Rule
 from .._rules.options import Options
 from .._rules.registry import registry
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 _lock = threading.RLock()
-_interceptor: Optional[Any] = None
-_options: Options = Options()
 # True while patch() runs: importing DTensor inside it fires auto-activation's import hook in
 # this same thread, which must leave the patching to the patch() already under way.
 _in_progress = False
-# The allow_newer_torch of the patch() in force: a patched() block that ends by patching again
-# (its body unpatched) patches as the outer patch did.
-_allow_newer_torch: Optional[bool] = None
+
+
+class Unchanged(enum.Enum):
+    """The type of :data:`UNCHANGED`, the default of every ``patch()``/``patched()`` option."""
+
+    UNCHANGED = "unchanged"
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+"""An option left at this is not given: it keeps its value (the default, an environment
+variable's, or the patch in force's)."""
+
+
+def _compile_cache_guard() -> Any:
+    # Imported when first needed: it imports DTensor, which is_patched() and current_options() must not.
+    from .compile_cache import compile_cache_guard
+
+    return compile_cache_guard
+
+
+def _given(**options: Any) -> Dict[str, Any]:
+    """The options a caller actually gave, by name."""
+    return {name: value for name, value in options.items() if value is not UNCHANGED}
 
 
 def current_options() -> Options:
     """The options in force while patched (defaults, with environment overrides, when not)."""
-    return _options if _interceptor is not None else _base_options()
+    state = context.state()
+    return state.options if state.active else _base_options()
 
 
 def _base_options() -> Options:
@@ -78,7 +105,7 @@ def remove_state_listener(listener: Callable[[bool], None]) -> None:
 
 
 def _notify(was_patched: bool) -> None:
-    now = _interceptor is not None
+    now = is_patched()
     if now != was_patched:
         for listener in list(_state_listeners):
             listener(now)
@@ -91,17 +118,27 @@ def patch_in_progress() -> bool:
 
 def is_patched() -> bool:
     """True while mixed operands are being promoted."""
-    return _interceptor is not None
+    return context.is_active()
 
 
 def interceptor() -> Optional[Any]:
-    return _interceptor
+    """The dispatch-rule interceptor of the patch in force (None when not patched)."""
+    return context.state().installed
 
 
-def patch(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> None:
+def patch(
+    *,
+    default: Union[Rule, Unchanged] = UNCHANGED,
+    plain_grads: Union[bool, Unchanged] = UNCHANGED,
+    check: Union[str, Unchanged] = UNCHANGED,
+    direct: Union[bool, Unchanged] = UNCHANGED,
+    allow_newer_torch: Optional[bool] = None,
+) -> None:
     """Start promoting plain operands that meet DTensors.
 
-    Options (each also settable by an environment variable, see the README):
+    Options (keyword only; each also settable by an environment variable
+    ``KERAS_DTENSOR_MIXFIX_<OPTION>``, see the README; one not given keeps the environment's value,
+    or the default):
 
     - ``default``: rule for ops without a registration: ``"replicate"`` (default), ``"local"``,
       ``"error"`` or a callable taking a :class:`MixedCall`.
@@ -109,21 +146,23 @@ def patch(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> None:
     - ``check``: ``"off"`` (default), ``"warn"`` or ``"raise"``: verify across the mesh that each
       promoted operand is what its rule says (identical on every rank for ``"replicate"``).
     - ``direct``: reuse a checked plan to run repeated mixed calls on local tensors (default True).
-
-    ``allow_newer_torch`` (keyword only; default: ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH``, else off):
-    on a torch newer than the newest tested release, run the self-check of every torch internal the
-    package relies on and patch if it passes (one warning line says so). It changes nothing on a
-    supported torch, and an older one is never allowed.
+    - ``allow_newer_torch`` (default: ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH``, else off): on a
+      torch newer than the newest tested release, run the self-check of every torch internal the
+      package relies on and patch if it passes (one warning line says so). It changes nothing on a
+      supported torch, and an older one is never allowed.
 
     Calling ``patch()`` while patched logs and applies only the options given; it never raises
-    for that. Raises ``UnsupportedTorchError`` on a torch outside the supported range (on a newer one
-    allowed by ``allow_newer_torch``: when the self-check fails, naming the failing check).
+    for that. An unknown keyword raises ``TypeError``, a bad value ``TypeError`` or ``ValueError``
+    (nothing is patched then). Raises ``UnsupportedTorchError`` on a torch outside the supported
+    range (on a newer one allowed by ``allow_newer_torch``: when the self-check fails, naming the
+    failing check).
     """
+    options = _given(default=default, plain_grads=plain_grads, check=check, direct=direct)
     global _in_progress
     with _lock:
         if _in_progress:
             return  # re-entered from an import hook while installing: the outer call finishes
-        was_patched = _interceptor is not None
+        was_patched = is_patched()
         _in_progress = True
         try:
             _patch(options, allow_newer_torch)
@@ -132,17 +171,17 @@ def patch(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> None:
     _notify(was_patched)
 
 
-def _patch(options: dict, allow_newer_torch: Optional[bool]) -> None:
+def _patch(options: Dict[str, Any], allow_newer_torch: Optional[bool]) -> None:
     """patch() itself, under the lock."""
-    global _interceptor, _options, _allow_newer_torch
-    if _interceptor is not None:
+    state = context.state()
+    if state.active:
         if options:
-            _set_options(_options.updated(**options))
-            log.info("keras_dtensor_mixfix already patched; options updated to %s", _options.as_dict())
+            _set_options(state.options.updated(**options))
+            log.info("keras_dtensor_mixfix already patched; options updated to %s", context.options().as_dict())
         else:
             log.info("keras_dtensor_mixfix already patched; nothing to do")
         return
-    from .._torch.versions import UnsupportedTorchError
+    from .._rules.errors import UnsupportedTorchError
     from .torch_gate import refusal
 
     reason = refusal(allow_newer_torch)
@@ -162,38 +201,28 @@ def _patch(options: dict, allow_newer_torch: Optional[bool]) -> None:
     except BaseException:
         installed.remove()
         raise
-    _options = new_options
-    _interceptor = installed
-    _allow_newer_torch = allow_newer_torch
-    context.set_state(True, _options)
+    context.set_state(True, new_options, installed=installed, allow_newer_torch=allow_newer_torch)
     from .._engine.stats import reset_stats
 
     reset_stats()  # stats() counts since this patch()
     registry.clear_cache()
-    from .._torch.api import compiled_promotions
-
-    compiled_promotions.install()
+    _compile_cache_guard().install()
     log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)
 
 
 def unpatch() -> None:
     """Stop promoting and restore torch exactly; calling it when not patched only logs."""
-    global _interceptor, _options
     with _lock:
-        if _interceptor is None:
+        installed = context.state().installed
+        if installed is None:
             log.info("keras_dtensor_mixfix is not patched; nothing to undo")
             return
         _take_deferred()  # an explicit unpatch() wins over an auto-activation deferred to an earlier patch()
-        installed = _interceptor
-        _interceptor = None
         context.set_state(False, Options())
         installed.remove()
-        _options = Options()
         _clear_caches()
-        from .._torch.api import compiled_promotions
-
-        compiled_promotions.uninstall()
-        compiled_promotions.invalidate("unpatch()")
+        _compile_cache_guard().uninstall()
+        _compile_cache_guard().invalidate("unpatch()")
         log.debug("keras_dtensor_mixfix unpatched")
     _notify(True)
 
@@ -208,33 +237,38 @@ def _clear_caches() -> None:
 
 
 def _set_options(options: Options) -> None:
-    global _options
-    changed = options != _options
-    _options = options
-    context.set_state(_interceptor is not None, options)
-    if changed and _interceptor is not None:
+    previous = context.update_options(options)
+    if options != previous.options and previous.active:
         _state_changed("patch options changed")
 
 
 def _state_changed(why: str) -> None:
     # Graphs compiled with a promotion hold the rules they were traced with.
-    from .._torch.api import compiled_promotions
-
-    compiled_promotions.invalidate(why)
+    _compile_cache_guard().invalidate(why)
 
 
 @contextlib.contextmanager
-def patched(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> Iterator[None]:
+def patched(
+    *,
+    default: Union[Rule, Unchanged] = UNCHANGED,
+    plain_grads: Union[bool, Unchanged] = UNCHANGED,
+    check: Union[str, Unchanged] = UNCHANGED,
+    direct: Union[bool, Unchanged] = UNCHANGED,
+    allow_newer_torch: Optional[bool] = None,
+) -> Iterator[None]:
     """Patch for the duration of a ``with`` block; on exit restore exactly the state before it.
 
+    Takes ``patch()``'s keyword-only options (``default``, ``plain_grads``, ``check``, ``direct``);
+    those not given are inherited from the patch in force (or the environment and defaults).
     Nested blocks stack: leaving an inner block restores the outer block's patch state and
     options, even when the block raised. ``allow_newer_torch`` is ``patch()``'s (used when the
     block is the one that patches).
     """
+    options = _given(default=default, plain_grads=plain_grads, check=check, direct=direct)
     with _lock:
         was_patched = is_patched()
         previous = current_options()
-        previous_allow_newer = _allow_newer_torch
+        previous_allow_newer = context.state().allow_newer_torch
         if was_patched:
             _set_options(previous.updated(**options))
         else:
@@ -256,7 +290,7 @@ def patched(*, allow_newer_torch: Optional[bool] = None, **options: Any) -> Iter
 
 def _on_rules_changed(op: object) -> None:
     with _lock:  # read under the lock: a racing unpatch() must not leave a rule installed
-        installed = _interceptor
+        installed = context.state().installed
         if installed is None:
             return
         if op is not None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Optional
 
+from .._torch.operators import schema_of
 from .decisions import REPLICATE, MixedCall, Position
+from .errors import UnknownOperatorError
 from .hookspecs import hookimpl
+from .ops import op_key, packet_name
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ PARAMETER_OPS = (
 
 def parameters_are_whole(call: MixedCall) -> Dict[Position, Optional[str]]:
     """Parameter-like operands replicate; every other operand follows the default rule (None)."""
-    names = [argument.name for argument in call.op._schema.arguments]
+    names = [argument.name for argument in schema_of(call.op).arguments]
     answer: Dict[Position, Optional[str]] = {}
     for operand in call.plain:
         head = operand.position[0]
@@ -82,11 +85,11 @@ def refuse_known_wrong(call: MixedCall) -> Optional[str]:
     """Raise for calls DTensor computes wrongly; otherwise leave the decision to the default (None)."""
     from .errors import promotion_error
 
-    condition, what = KNOWN_WRONG_IN_DTENSOR[call.op._schema.name]
+    condition, what = KNOWN_WRONG_IN_DTENSOR[packet_name(call.op)]
     if condition(call):
         operand = call.plain[0] if call.plain else None
         raise promotion_error(
-            f"{call.op._schema.name}.{call.op._overloadname}",
+            op_key(call.op),
             f"{what} (torch 2.13, measured by the op sweep); promoting the plain operand would hide that",
             operand_label=operand.label if operand else None, operand=operand.tensor if operand else None,
             peers=call.peers,
@@ -100,10 +103,10 @@ def register_rules(register: Callable[[Any, Any], Any]) -> None:
     for op in PARAMETER_OPS:
         try:
             register(op, parameters_are_whole)
-        except ValueError:  # an op this torch build does not have
+        except UnknownOperatorError:  # an op this torch build does not have
             log.debug("built-in pack: %s does not exist in this torch; skipped", op)
     for op in KNOWN_WRONG_IN_DTENSOR:
         try:
             register(op, refuse_known_wrong)
-        except ValueError:
+        except UnknownOperatorError:
             log.debug("built-in pack: %s does not exist in this torch; skipped", op)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .errors import ArgumentTypeError, InvalidArgumentError
+
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import Placement
+
+    from .._torch.operators import OpOverload
 
 REPLICATE = "replicate"
 LOCAL = "local"
@@ -39,9 +43,9 @@ class Decision:
 
     def __post_init__(self) -> None:
         if self.kind not in RULE_NAMES:
-            raise ValueError(f"Decision kind must be one of {RULE_NAMES}, got {self.kind!r}")
+            raise InvalidArgumentError(f"Decision kind must be one of {RULE_NAMES}, got {self.kind!r}")
         if self.shape is not None and self.kind != LOCAL:
-            raise ValueError("Decision(shape=...) only makes sense for kind='local'")
+            raise InvalidArgumentError("Decision(shape=...) only makes sense for kind='local'")
         # Stored as tuples: the dataclass is frozen, and a list the caller keeps must not change it later.
         if self.placements is not None:
             object.__setattr__(self, "placements", _checked_placements(self.placements))
@@ -61,30 +65,33 @@ def _checked_placements(value: object) -> Tuple["Placement", ...]:
     from torch.distributed.tensor.placement_types import Placement
 
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"Decision(placements=...) must be a list or tuple of torch Placement objects, "
-                        f"{_PLACEMENTS_EXAMPLE}; got {type(value).__name__}: {value!r}")
+        raise ArgumentTypeError(f"Decision(placements=...) must be a list or tuple of torch Placement objects, "
+                                f"{_PLACEMENTS_EXAMPLE}; got {type(value).__name__}: {value!r}")
     placements = tuple(value)
     if not placements:
-        raise ValueError(f"Decision(placements=...) is empty: give one placement per mesh dim, {_PLACEMENTS_EXAMPLE}")
+        raise InvalidArgumentError(
+            f"Decision(placements=...) is empty: give one placement per mesh dim, {_PLACEMENTS_EXAMPLE}")
     for index, placement in enumerate(placements):
         if not isinstance(placement, Placement):
             hint = ""
             if isinstance(placement, type) and issubclass(placement, Placement):
                 hint = f" (the class itself; write {placement.__name__}(...), an instance)"
-            raise TypeError(f"Decision(placements=...): item {index} is {type(placement).__name__} {placement!r}{hint}, "
-                            f"not a torch Placement; {_PLACEMENTS_EXAMPLE}")
+            raise ArgumentTypeError(
+                f"Decision(placements=...): item {index} is {type(placement).__name__} {placement!r}{hint}, "
+                f"not a torch Placement; {_PLACEMENTS_EXAMPLE}")
     return placements
 
 
 def _checked_shape(value: object) -> Tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"Decision(shape=...) must be the global shape as a sequence of ints, e.g. shape=(8, 4); "
-                        f"got {type(value).__name__}: {value!r}")
+        raise ArgumentTypeError(f"Decision(shape=...) must be the global shape as a sequence of ints, e.g. "
+                                f"shape=(8, 4); got {type(value).__name__}: {value!r}")
     shape = tuple(value)
     for size in shape:
         # ints, or the symbolic sizes torch.compile traces with (not specialized here)
         if isinstance(size, bool) or not hasattr(size, "__index__") or (isinstance(size, int) and size < 0):
-            raise TypeError(f"Decision(shape=...) must hold non-negative ints, e.g. shape=(8, 4); got {value!r}")
+            raise ArgumentTypeError(
+                f"Decision(shape=...) must hold non-negative ints, e.g. shape=(8, 4); got {value!r}")
     return shape
 
 
@@ -115,7 +122,7 @@ class MixedCall:
     ``meshes`` then lists them).
     """
 
-    op: "torch._ops.OpOverload"
+    op: "OpOverload"
     args: Tuple[Any, ...]
     kwargs: Mapping[str, Any]
     operands: Tuple[Operand, ...]
@@ -241,9 +248,10 @@ def as_decision(value: Union[str, Decision], where: str) -> Decision:
         return value
     if isinstance(value, str):
         if value not in RULE_NAMES:
-            raise ValueError(f"{where}: unknown rule {value!r}; use one of {RULE_NAMES}, a Decision, or a callable")
+            raise InvalidArgumentError(
+                f"{where}: unknown rule {value!r}; use one of {RULE_NAMES}, a Decision, or a callable")
         return Decision(value)
-    raise TypeError(
+    raise ArgumentTypeError(
         f"{where}: a rule must answer 'replicate', 'local', 'error', a Decision, a mapping from operand "
         f"position to those, a sequence aligned with call.plain, or None; got {type(value).__name__}: {value!r}"
     )
@@ -253,13 +261,13 @@ def validate_rule(rule: object, where: str) -> Rule:
     """Check a rule at registration time so mistakes surface where they are made."""
     if isinstance(rule, str):
         if rule not in RULE_NAMES:
-            raise ValueError(f"{where}: unknown rule {rule!r}; use one of {RULE_NAMES} or a callable")
+            raise InvalidArgumentError(f"{where}: unknown rule {rule!r}; use one of {RULE_NAMES} or a callable")
         return rule
     if isinstance(rule, Decision):
         return rule  # type: ignore[return-value]
     if callable(rule):
         return rule  # type: ignore[return-value]
-    raise TypeError(
+    raise ArgumentTypeError(
         f"{where}: a rule must be 'replicate', 'local', 'error', a Decision, or a callable taking a MixedCall; "
         f"got {type(rule).__name__}: {rule!r}"
     )

@@ -1,15 +1,44 @@
-"""Errors raised by the promotion layer, with messages that say what to do."""
+"""Every exception the package raises, and the builder of promotion errors that say what to do.
+
+All of them derive from :class:`MixfixError` (``except keras_dtensor_mixfix.MixfixError`` catches
+anything the package raises on purpose) and also from the builtin exception the same failure
+raised before the hierarchy existed, so ``except ValueError`` / ``except TypeError`` /
+``except RuntimeError`` written against earlier releases still catch them::
+
+    MixfixError
+    |-- MixedOperandError (RuntimeError)        a plain operand could not be promoted for an op
+    |   `-- ReplicationCheckError               patch(check="raise") found a broken assumption
+    |-- UnsupportedTorchError (RuntimeError)    patch() on a torch outside the supported range
+    |-- InvalidArgumentError (ValueError)       a value a public function cannot accept
+    |   `-- UnknownOperatorError                an operator name that does not parse or exist
+    `-- ArgumentTypeError (TypeError)           an argument of the wrong type
+
+``keras_dtensor_mixfix.testing`` adds ``RankError`` and ``WorkerStartError`` (both RuntimeError), the
+pytest plugin ``MarkerUsageError`` (a ``pytest.UsageError``). ``tests/unit/test_errors.py`` fails on a
+``raise`` of a bare builtin exception anywhere in the package, unless listed there with its reason.
+Kept free of torch imports: the package root exports these without importing torch.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Optional
+
+from .._torch.dtensor_attributes import local_tensor
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.tensor import DTensor
 
 
-class MixedOperandError(RuntimeError):
+class MixfixError(Exception):
+    """Base of every exception keras_dtensor_mixfix raises.
+
+    Each subclass also derives from the builtin exception it replaced (``RuntimeError``,
+    ``ValueError``, ``TypeError``), so code written against either keeps working.
+    """
+
+
+class MixedOperandError(MixfixError, RuntimeError):
     """A plain operand could not be promoted to a DTensor for an op.
 
     Subclasses ``RuntimeError`` because torch's own mixed-operand error is one, so code
@@ -28,13 +57,38 @@ class ReplicationCheckWarning(UserWarning):
     """A promoted operand broke its rule's assumption on some ranks (``patch(check="warn")``)."""
 
 
+class UnsupportedTorchError(MixfixError, RuntimeError):
+    """``patch()`` on a torch release outside the supported range (see
+    :func:`keras_dtensor_mixfix._torch.versions.supported_range`), or on a newer one allowed by the
+    opt-in whose self-check failed."""
+
+
+class InvalidArgumentError(MixfixError, ValueError):
+    """A public function got a value it cannot accept: an unknown rule name, a ``Decision`` that
+    contradicts itself, a ``patch()`` option value out of range. The message names the argument
+    and the values it accepts."""
+
+
+class UnknownOperatorError(InvalidArgumentError):
+    """An operator name that does not parse, or names no operator (or overload) torch has defined.
+
+    ``register_rule`` raises it for a typo; a name in a namespace with no operator yet is held
+    as a pending rule instead (see :func:`keras_dtensor_mixfix.register_rule`).
+    """
+
+
+class ArgumentTypeError(MixfixError, TypeError):
+    """A public function got an argument of the wrong type (a rule that is neither a name, a
+    ``Decision`` nor a callable; an ``op`` that is not an operator; an unknown ``patch()`` option)."""
+
+
 def describe_tensor(tensor: "torch.Tensor") -> str:
     from torch.distributed.tensor import DTensor
 
     if isinstance(tensor, DTensor):
+        local = local_tensor(tensor)
         return (
-            f"DTensor shape {tuple(tensor.shape)} (local {tuple(tensor._local_tensor.shape)} on "
-            f"{tensor._local_tensor.device}), "
+            f"DTensor shape {tuple(tensor.shape)} (local {tuple(local.shape)} on {local.device}), "
             f"dtype {tensor.dtype}, placements {tuple(tensor.placements)}, mesh {describe_mesh(tensor.device_mesh)}"
         )
     return f"plain torch.Tensor shape {tuple(tensor.shape)}, dtype {tensor.dtype}, device {tensor.device}"

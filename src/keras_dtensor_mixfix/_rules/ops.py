@@ -1,6 +1,8 @@
 """Operator naming and per-operator facts (which arguments are written, is it elementwise).
 
-Everything here is pure schema inspection: no DTensor, no process group.
+Everything here is pure schema inspection: no DTensor, no process group. Torch's operator classes,
+its dispatcher's list of names and its schema type classes are private; they are read through
+``_torch.operators``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from typing import Any, Union
 
 import torch
 
-OpLike = Union[str, "torch._ops.OpOverload", "torch._ops.OpOverloadPacket"]
+from .._torch.operators import (ListType, OpOverload, OpOverloadPacket, OptionalType, TensorType, all_op_names,
+                                overload_name, packet_qualname, schema_of)
+from .errors import ArgumentTypeError, UnknownOperatorError
+
+OpLike = Union[str, OpOverload, OpOverloadPacket]
 
 # Ops that torch does not tag ``pointwise`` but whose plain operands line up with the
 # DTensor operand element by element, so the peer's sharding can be reused for them.
@@ -26,27 +32,28 @@ def _split_name(text: str) -> tuple[str, str, str | None]:
     else:
         parts = text.split(".")
         if len(parts) not in (2, 3):
-            raise ValueError(
+            raise UnknownOperatorError(
                 f"cannot parse operator name {text!r}: expected 'namespace::name[.overload]' "
                 "or 'namespace.name[.overload]', e.g. 'aten::mm.default' or 'aten.mm'"
             )
         namespace, name = parts[0], parts[1]
         overload = parts[2] if len(parts) == 3 else ""
     if not namespace or not name:
-        raise ValueError(f"cannot parse operator name {text!r}")
+        raise UnknownOperatorError(f"cannot parse operator name {text!r}")
     return namespace, name, (overload or None)
 
 
-def resolve_op(op: OpLike) -> "torch._ops.OpOverload | torch._ops.OpOverloadPacket":
+def resolve_op(op: OpLike) -> OpOverload | OpOverloadPacket:
     """Return the ``OpOverload`` or ``OpOverloadPacket`` that ``op`` names.
 
-    Raises ``TypeError`` for an object that is not an operator and ``ValueError`` for a
-    name that does not exist, so a typo never registers a rule that can never fire.
+    Raises :class:`ArgumentTypeError` (a ``TypeError``) for an object that is not an operator and
+    :class:`UnknownOperatorError` (a ``ValueError``) for a name that does not parse or exist, so a typo
+    never registers a rule that can never fire.
     """
-    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(op, (OpOverload, OpOverloadPacket)):
         return op
     if not isinstance(op, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"op must be a torch OpOverload (torch.ops.aten.mm.default), an OpOverloadPacket "
             f"(torch.ops.aten.mm) or a name string ('aten::mm.default'); got {type(op).__name__}: {op!r}"
         )
@@ -57,14 +64,15 @@ def resolve_op(op: OpLike) -> "torch._ops.OpOverload | torch._ops.OpOverloadPack
         known = namespace_ops(namespace)
         close = difflib.get_close_matches(f"{namespace}::{name}", known, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"operator {op!r} does not exist (no '{namespace}::{name}' is registered with torch){hint}") from exc
+        raise UnknownOperatorError(
+            f"operator {op!r} does not exist (no '{namespace}::{name}' is registered with torch){hint}") from exc
     if overload is None:
         return packet
     try:
         return getattr(packet, overload)
     except (AttributeError, RuntimeError) as exc:
         known = ", ".join(sorted(packet.overloads()))
-        raise ValueError(
+        raise UnknownOperatorError(
             f"operator {op!r}: '{namespace}::{name}' has no overload {overload!r} (known overloads: {known})"
         ) from exc
 
@@ -73,12 +81,10 @@ def namespace_ops(namespace: str) -> list[str]:
     """Names (``ns::name``, no overload) of the operators registered in ``namespace`` so far.
 
     Reads the dispatcher's full list (a few ms): for error messages and registration-time policy only.
+    Empty on a torch without that listing (the namespace is then treated as unknown).
     """
-    list_names = getattr(torch._C, "_dispatch_get_all_op_names", None)
-    if list_names is None:  # no such listing on this torch: treat the namespace as unknown
-        return []
     prefix = namespace + "::"
-    return sorted({qualname.partition(".")[0] for qualname in list_names() if qualname.startswith(prefix)})
+    return sorted({qualname.partition(".")[0] for qualname in all_op_names() if qualname.startswith(prefix)})
 
 
 def pending_key(op: OpLike) -> str | None:
@@ -97,23 +103,23 @@ def pending_key(op: OpLike) -> str | None:
     return f"{namespace}::{name}" + (f".{overload}" if overload else "")
 
 
-def op_key(op: "torch._ops.OpOverload | torch._ops.OpOverloadPacket") -> str:
+def op_key(op: OpOverload | OpOverloadPacket) -> str:
     """Canonical display/registry key: ``aten::mm.default`` for an overload, ``aten::mm`` for a packet."""
-    if isinstance(op, torch._ops.OpOverload):
-        return f"{op._schema.name}.{op._overloadname}"
-    return op._qualified_op_name
+    if isinstance(op, OpOverload):
+        return f"{schema_of(op).name}.{overload_name(op)}"
+    return packet_qualname(op)
 
 
-def packet_name(func: "torch._ops.OpOverload") -> str:
+def packet_name(func: OpOverload) -> str:
     """``aten::mm`` for ``aten.mm.default``."""
-    return func._schema.name
+    return schema_of(func).name
 
 
 def _is_tensor_type(type_: Any) -> bool:
     """``Tensor`` or ``Tensor?``."""
-    if isinstance(type_, torch._C.OptionalType):
+    if isinstance(type_, OptionalType):
         type_ = type_.getElementType()
-    return isinstance(type_, torch._C.TensorType)
+    return isinstance(type_, TensorType)
 
 
 def has_two_tensor_inputs(schema: Any, arguments: Any = None) -> bool:
@@ -123,7 +129,7 @@ def has_two_tensor_inputs(schema: Any, arguments: Any = None) -> bool:
     count = 0
     for argument in schema.arguments if arguments is None else arguments:
         type_ = argument.type
-        if isinstance(type_, torch._C.ListType):
+        if isinstance(type_, ListType):
             if _is_tensor_type(type_.getElementType()):
                 return True
         elif _is_tensor_type(type_):
@@ -132,9 +138,9 @@ def has_two_tensor_inputs(schema: Any, arguments: Any = None) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def op_traits(func: "torch._ops.OpOverload") -> "OpTraits":
+def op_traits(func: OpOverload) -> "OpTraits":
     """Facts about ``func`` used by promotion; cached because they never change."""
-    schema = func._schema
+    schema = schema_of(func)
     written: set[object] = set()
     for index, argument in enumerate(schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
@@ -146,10 +152,10 @@ def op_traits(func: "torch._ops.OpOverload") -> "OpTraits":
         # In-place variants (add_) are not tagged; their functional twin (add) is.
         functional = getattr(getattr(torch.ops, name.split("::")[0]), name.split("::")[1][:-1], None)
         if functional is not None:
-            twin = getattr(functional, func._overloadname, None)
+            twin = getattr(functional, overload_name(func), None)
             elementwise = twin is not None and torch.Tag.pointwise in set(twin.tags)
     lists = tuple(index for index, argument in enumerate(schema.arguments)
-                  if not argument.kwarg_only and isinstance(argument.type, torch._C.ListType))
+                  if not argument.kwarg_only and isinstance(argument.type, ListType))
     tensor_lists = tuple(index for index in lists if _is_tensor_type(schema.arguments[index].type.getElementType()))
     return OpTraits(
         name=op_key(func),

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from .decisions import REPLICATE, Rule, validate_rule
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,18 +32,22 @@ class Options:
     dispatch again, e.g. to have a DTensor debug mode record each one."""
 
     def updated(self, **changes: Any) -> "Options":
-        """A copy with ``changes`` applied, validated; unknown names raise ``TypeError``."""
+        """A copy with ``changes`` applied, validated.
+
+        An unknown name or a flag that is not a bool raises ``ArgumentTypeError`` (a ``TypeError``, as
+        Python does for an unexpected keyword); a value out of range, ``InvalidArgumentError`` (a ``ValueError``).
+        """
         known = {field.name for field in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise TypeError(f"patch() got unknown option(s) {unknown}; known options: {sorted(known)}")
+            raise ArgumentTypeError(f"patch() got unknown option(s) {unknown}; known options: {sorted(known)}")
         if "default" in changes:
             validate_rule(changes["default"], "patch(default=...)")
         for flag in ("plain_grads", "direct"):
             if flag in changes and not isinstance(changes[flag], bool):
-                raise TypeError(f"patch({flag}=...) must be a bool, got {changes[flag]!r}")
+                raise ArgumentTypeError(f"patch({flag}=...) must be a bool, got {changes[flag]!r}")
         if "check" in changes and changes["check"] not in ("off", "warn", "raise"):
-            raise ValueError(f"patch(check=...) must be 'off', 'warn' or 'raise', got {changes['check']!r}")
+            raise InvalidArgumentError(f"patch(check=...) must be 'off', 'warn' or 'raise', got {changes['check']!r}")
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:

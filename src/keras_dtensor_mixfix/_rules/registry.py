@@ -5,6 +5,9 @@ the rule pack loaded): it is *pending* (see :func:`~keras_dtensor_mixfix._rules.
 for when that is allowed) and applies once the op is defined. Entries are matched by name, so a
 pending entry needs nothing special to be found by ``lookup``; "resolving" it only records that
 the op now exists and tells the listeners (which hook the op).
+
+A second rule for the same op is not an error: the newest wins and the earlier one is kept beneath
+it (see :func:`register_rule`), as with torch.library's registration handles.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import logging
 import threading
 from typing import Callable, Dict, List, Optional
 
-import torch
-
+from .._torch.operators import OpOverload
 from .decisions import Rule, validate_rule
+from .errors import UnknownOperatorError
 from .ops import OpLike, op_key, packet_name, pending_key, resolve_op
 
 log = logging.getLogger(__name__)
@@ -93,7 +96,7 @@ class RuleRegistry:
         try:
             resolved = resolve_op(op)
             key = op_key(resolved)  # type: ignore[arg-type]
-        except ValueError:
+        except UnknownOperatorError:
             held = pending_key(op)
             if held is None:
                 raise  # a typo, or a name in a namespace that is loaded: say so now
@@ -101,6 +104,7 @@ class RuleRegistry:
         validate_rule(rule, f"register_rule({key!r})")
         with self._lock:
             handle = RuleHandle(self, key, rule, source, next(self._counter), pending=resolved is None)
+            shadowed = [entry for entry in reversed(self._entries) if _overlaps(entry.op, key)]
             self._entries.append(handle)
             if handle.pending:
                 self._pending.append(handle)
@@ -111,6 +115,10 @@ class RuleRegistry:
                      "applies once a library defines it", rule, key, source)
         else:
             log.debug("registered rule %r for %s (from %s)", rule, key, source)
+        if shadowed:
+            log.debug("rule %r for %s (from %s) is newer than, and wins over, %s; removing its handle restores them",
+                      rule, key, source,
+                      "; ".join(f"rule {entry.rule!r} for {entry.op} (from {entry.source})" for entry in shadowed))
         self._notify(resolved)
         return handle
 
@@ -130,7 +138,7 @@ class RuleRegistry:
             for handle in list(self._pending):
                 try:
                     op = resolve_op(handle.op)
-                except ValueError:
+                except UnknownOperatorError:
                     continue  # still not defined
                 handle.pending = False
                 self._pending.remove(handle)
@@ -181,7 +189,7 @@ class RuleRegistry:
                 return
         self._notify(None)
 
-    def lookup(self, func: "torch._ops.OpOverload") -> Optional[Rule]:
+    def lookup(self, func: OpOverload) -> Optional[Rule]:
         """The rule registered for ``func`` (overload or its packet), newest first; None if none."""
         found = self._cache.get(func, _MISSING)
         if found is not _MISSING:
@@ -215,6 +223,12 @@ class RuleRegistry:
             self.version += 1
 
 
+def _overlaps(earlier: str, key: str) -> bool:
+    """Whether a registration for ``key`` hides one for ``earlier`` from some overload: the same key, a
+    packet over one of its overloads, or an overload over its packet (keys are ``ns::name[.overload]``)."""
+    return earlier == key or earlier.split(".", 1)[0] == key or earlier == key.split(".", 1)[0]
+
+
 registry = RuleRegistry()
 """The process-wide registry behind :func:`register_rule`."""
 
@@ -224,12 +238,24 @@ def register_rule(op: OpLike, rule: Rule, *, source: str = "user") -> RuleHandle
 
     ``op`` is an ``OpOverload`` (``torch.ops.aten.mm.default``), an ``OpOverloadPacket``
     (``torch.ops.aten.mm``: every overload) or a string (``"aten::mm.default"``,
-    ``"aten.mm.default"``, ``"aten::mm"``). A name that does not exist raises ``ValueError``,
-    except in a namespace that has no operator yet (a custom-op library not imported yet, e.g.
-    ``"flash_attn::fwd"``): that rule is held (``handle.pending``) and applies once the op is
-    defined. ``rule`` is ``"replicate"``, ``"local"``,
+    ``"aten.mm.default"``, ``"aten::mm"``). A name that does not exist raises
+    :class:`UnknownOperatorError` (a ``ValueError``), except in a namespace that has no operator
+    yet (a custom-op library not imported yet, e.g. ``"flash_attn::fwd"``): that rule is held
+    (``handle.pending``) and applies once the op is defined. Any other object raises
+    :class:`ArgumentTypeError` (a ``TypeError``). ``rule`` is ``"replicate"``, ``"local"``,
     ``"error"``, a :class:`Decision`, or a callable that receives a :class:`MixedCall` and
-    answers per plain operand. The newest registration for an op wins; removing it exposes
-    the one before. Registrations outlive ``unpatch()``; they take effect while patched.
+    answers per plain operand. Registrations outlive ``unpatch()``; they take effect while patched.
+
+    A second rule for the same op: **the newest registration wins**, and the earlier one stays
+    beneath it. Registrations for an op form a stack: removing a handle removes exactly that
+    registration (as a torch.library handle does), so removing the newest makes the one before it
+    active again, whichever order handles are removed in. An overload registration and a packet
+    registration for the same overload compete the same way, by age. Unlike torch.library, which
+    refuses a duplicate unless asked to override, this is not an error and there is no
+    ``override=`` switch: layering is the intended use (a test's or an application's rule over a
+    pack's, a pack's over the built-in one) and every release so far has worked so. A debug message
+    on the ``keras_dtensor_mixfix._rules.registry`` logger names each earlier rule the new one hides
+    and its ``source``; ``logging.getLogger("keras_dtensor_mixfix").setLevel(logging.DEBUG)`` shows
+    who overrode whom.
     """
     return registry.register(op, rule, source=source)

@@ -11,8 +11,7 @@ them is missing makes the caller fall back to doing nothing (torch's own path), 
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any, Callable, Optional, Set
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -23,7 +22,7 @@ __all__ = [
     "dtensor_fast_constructor", "dtensor_handles_specially", "propagate_sharding", "all_op_qualnames", "op_schema",
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
     "clear_sharding_cache", "dispatch_rule_holder", "registration_handle", "is_traced", "current_compile_id",
-    "CompiledPromotions", "compiled_promotions", "is_masked_partial",
+    "aot_autograd_cache", "skipping_save", "reset_compiled_code", "is_masked_partial",
 ]
 
 # --------------------------------------------------------------------------- DTensor internals
@@ -173,83 +172,11 @@ def current_compile_id() -> Any:
         return None
 
 
-class CompiledPromotions:
-    """Keeps graphs traced with a promotion out of torch.compile's caches, and out of use after a change.
+def aot_autograd_cache() -> Optional[Any]:
+    """torch.compile's on-disk graph cache class, ``AOTAutogradCache``, whose ``save`` is a staticmethod.
 
-    A graph that contains a promotion is only right under the rules it was traced with. Dynamo
-    keys its graphs by the Python code, and AOTAutograd's on-disk cache by the dynamo graph,
-    neither of which shows what a dispatch rule did below them. So: while patched,
-    ``AOTAutogradCache.save`` skips the compilations that promoted (a program that never
-    promotes is cached exactly as before), and when the patch or its rules change after such a
-    compilation, dynamo's in-memory caches are reset so those functions recompile under the new
-    state (after ``unpatch()``: torch's own mixed-operand error again).
+    None where it is missing or built differently (then there is no such cache to keep graphs out of).
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._compile_ids: Set[Any] = set()
-        self._traced = False
-        self._saved_original: Optional[Any] = None
-        self._wrapper: Optional[Any] = None
-
-    def note(self) -> None:
-        """Called when a promotion happens while torch.compile traces."""
-        compile_id = current_compile_id()
-        with self._lock:
-            self._traced = True
-            if compile_id is not None:
-                self._compile_ids.add(compile_id)
-
-    @property
-    def traced(self) -> bool:
-        return self._traced
-
-    def _skip(self) -> bool:
-        compile_id = current_compile_id()
-        return compile_id is not None and compile_id in self._compile_ids
-
-    def install(self) -> None:
-        cache = _aot_autograd_cache()
-        if cache is None or self._wrapper is not None:
-            return
-        original = cache.__dict__["save"]
-        function = original.__func__ if isinstance(original, staticmethod) else original
-        skip = self._skip
-
-        def save(key: str, entry: Any, remote: bool) -> None:
-            if skip():
-                log.debug("torch.compile: not caching graph %s, traced with a mixed-operand promotion", key)
-                return None
-            return function(key, entry, remote)
-
-        save.__wrapped__ = function  # type: ignore[attr-defined]
-        self._saved_original = original
-        self._wrapper = staticmethod(save)
-        cache.save = self._wrapper
-
-    def uninstall(self) -> None:
-        cache = _aot_autograd_cache()
-        if cache is None or self._wrapper is None:
-            return
-        if cache.__dict__.get("save") is self._wrapper:
-            cache.save = self._saved_original
-        else:
-            log.warning("AOTAutogradCache.save was replaced by someone else while patched; left as it is")
-        self._wrapper = self._saved_original = None
-
-    def invalidate(self, why: str) -> None:
-        """Make functions compiled with a promotion recompile (only if any was compiled)."""
-        with self._lock:
-            if not self._traced:
-                return
-            self._traced = False
-            self._compile_ids.clear()
-        log.info("keras_dtensor_mixfix: %s; resetting torch.compile's caches so graphs traced with a "
-                 "promotion recompile", why)
-        torch._dynamo.reset()
-
-
-def _aot_autograd_cache() -> Optional[Any]:
     try:
         from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
     except Exception:  # noqa: BLE001 - no such cache in this torch: nothing to keep graphs out of
@@ -257,5 +184,21 @@ def _aot_autograd_cache() -> Optional[Any]:
     return AOTAutogradCache if isinstance(AOTAutogradCache.__dict__.get("save"), staticmethod) else None
 
 
-compiled_promotions = CompiledPromotions()
+def skipping_save(original: Any, skip: Callable[[], bool]) -> Any:
+    """A replacement for ``AOTAutogradCache.save`` (the staticmethod ``original``) that does not save
+    while ``skip()`` is true, and otherwise calls it as torch would: ``save(key, entry, remote)``."""
+    function = original.__func__ if isinstance(original, staticmethod) else original
 
+    def save(key: str, entry: Any, remote: bool) -> None:
+        if skip():
+            log.debug("torch.compile: not caching graph %s, traced with a mixed-operand promotion", key)
+            return None
+        return function(key, entry, remote)
+
+    save.__wrapped__ = function  # type: ignore[attr-defined]
+    return staticmethod(save)
+
+
+def reset_compiled_code() -> None:
+    """Drop torch.compile's in-memory compiled code, so every compiled function recompiles on its next call."""
+    torch._dynamo.reset()

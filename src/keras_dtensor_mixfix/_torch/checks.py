@@ -1,4 +1,5 @@
-"""The self-check's checks: one per torch internal (private name or behaviour) that ``api`` relies on.
+"""The self-check's checks: one per torch internal (private name or behaviour) that ``api`` relies on
+(and ``operators`` and ``dtensor_attributes``, which read some of the same internals).
 
 Each check gets a ``Probe`` (see ``probe``) and returns what it saw, or raises when torch does not
 behave as ``api`` relies on. ``CHECKS`` lists them in ``api``'s order; ``selfcheck`` runs them.
@@ -41,9 +42,13 @@ def check_dtensor_spec(probe: Probe) -> str:
 def check_dtensor_attributes(probe: Probe) -> str:
     import torch
 
+    from . import dtensor_attributes
+
     api = _api()
     dtensor = probe.dtensor
     local, spec = dtensor._local_tensor, dtensor._spec
+    require(dtensor_attributes.local_tensor(dtensor) is local and dtensor_attributes.dtensor_spec(dtensor) is spec,
+             "dtensor_attributes.local_tensor / dtensor_spec do not read DTensor._local_tensor / _spec")
     require(type(local) is torch.Tensor, f"DTensor._local_tensor is a {type(local).__name__}, not a plain tensor")
     require(isinstance(spec, api.DTensorSpec), f"DTensor._spec is a {type(spec).__name__}, not a DTensorSpec")
     require(spec.mesh is dtensor.device_mesh and tuple(spec.placements) == tuple(dtensor.placements),
@@ -139,16 +144,21 @@ def check_sharding_propagation(probe: Probe) -> str:
 
 
 def check_op_names(probe: Probe) -> str:
+    from . import operators
+
     api = _api()
     probe.probe_op()
     names = set(api.all_op_qualnames())
     require("aten::mul.Tensor" in names and "aten::mm" in names and PROBE_QUALNAME in names,
              "torch._C._dispatch_get_all_op_names misses aten::mul.Tensor, aten::mm or an op defined at run time")
+    require(set(operators.all_op_names()) == names, "operators.all_op_names() differs from api.all_op_qualnames()")
     return f"torch._C._dispatch_get_all_op_names: {len(names)} overloads"
 
 
 def check_op_schema(probe: Probe) -> str:
     import torch
+
+    from .operators import ListType, OptionalType, TensorType
 
     api = _api()
     schema = api.op_schema("aten::add_", "Tensor")
@@ -159,6 +169,10 @@ def check_op_schema(probe: Probe) -> str:
     require(isinstance(lists.type, torch._C.ListType), "aten::_foreach_add.List's self is not a ListType")
     optional = api.op_schema("aten::linear", "").arguments[2]
     require(isinstance(optional.type, torch._C.OptionalType), "aten::linear's bias is not an OptionalType")
+    require(isinstance(first.type, TensorType) and isinstance(lists.type, ListType)
+            and isinstance(lists.type.getElementType(), TensorType) and isinstance(optional.type, OptionalType)
+            and isinstance(optional.type.getElementType(), TensorType),
+            "operators.TensorType / ListType / OptionalType (getElementType) do not match torch's schema types")
     try:
         api.op_schema("aten::no_such_op_for_mixfix", "")
     except RuntimeError:
@@ -171,15 +185,26 @@ def check_op_schema(probe: Probe) -> str:
 def check_op_overload(probe: Probe) -> str:
     import torch
 
+    from . import operators
+
     mul = torch.ops.aten.mul.Tensor
     require(type(mul) is torch._ops.OpOverload and isinstance(torch.ops.aten.mul, torch._ops.OpOverloadPacket),
              "torch._ops.OpOverload / OpOverloadPacket")
+    require(operators.OpOverload is torch._ops.OpOverload and operators.OpOverloadPacket is torch._ops.OpOverloadPacket,
+            "operators.OpOverload / OpOverloadPacket")
     require(mul._schema.name == "aten::mul" and mul._overloadname == "Tensor", "OpOverload._schema / _overloadname")
+    require(operators.schema_of(mul) is mul._schema and operators.overload_name(mul) == "Tensor"
+            and operators.packet_qualname(torch.ops.aten.mul) == "aten::mul",
+            "operators.schema_of / overload_name / packet_qualname (OpOverloadPacket._qualified_op_name)")
     a, b = torch.full((2,), 3.0), torch.full((2,), 2.0)
     require(torch.equal(mul._op(a, b), a * b), "OpOverload._op is not the op")
+    require(torch.equal(operators.op_callable(mul)(a, b), a * b), "operators.op_callable is not the op")
     require(torch.ops.aten.view.default._schema._is_view_op() and not mul._schema._is_view_op(),
              "FunctionSchema._is_view_op")
-    return "OpOverload._op, ._schema, ._overloadname; FunctionSchema._is_view_op"
+    require(operators.is_view_schema(operators.schema_of(torch.ops.aten.view.default))
+            and not operators.is_view_schema(operators.schema_of(mul)), "operators.is_view_schema")
+    return ("OpOverload._op, ._schema, ._overloadname; OpOverloadPacket._qualified_op_name; "
+            "FunctionSchema._is_view_op")
 
 
 def check_implicit_replication(probe: Probe) -> str:
@@ -349,29 +374,35 @@ def check_aot_autograd_cache(probe: Probe) -> str:
     import inspect
 
     api = _api()
-    cache = api._aot_autograd_cache()
+    cache = api.aot_autograd_cache()
     require(cache is not None, "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.save is missing or "
                                 "no staticmethod")
     original = cache.__dict__["save"]
     parameters = list(inspect.signature(original.__func__).parameters)
     require(parameters == ["key", "entry", "remote"], f"AOTAutogradCache.save takes {parameters}")
-    # What CompiledPromotions does with it (the package's own instance may be installed already: a second
-    # one wraps it and gives it back).
-    require(isinstance(api.compiled_promotions, api.CompiledPromotions), "compiled_promotions")
-    trial = api.CompiledPromotions()
-    trial.install()
+    # What the lifecycle's compile-cache guard does with it (the package's own wrapper may be installed
+    # already: a second one wraps it and gives it back).
+    saved = []
+    recording = staticmethod(lambda key, entry, remote: saved.append(key))
+    api.skipping_save(recording, lambda: True).__func__("skipped", None, False)
+    trial = api.skipping_save(recording, lambda: False)
+    require(isinstance(trial, staticmethod), "skipping_save does not give a staticmethod")
+    trial.__func__("key", None, False)
+    require(saved == ["key"], "skipping_save does not skip, or does not call the original save as (key, entry, remote)")
+    cache.save = trial
     wrapped = cache.__dict__["save"]
-    trial.uninstall()
-    require(isinstance(wrapped, staticmethod) and wrapped is not original and cache.__dict__["save"] is original,
-            "CompiledPromotions could not wrap AOTAutogradCache.save and restore it")
-    return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped and restored by CompiledPromotions"
+    cache.save = original
+    require(wrapped is trial and cache.__dict__["save"] is original,
+            "AOTAutogradCache.save could not be replaced by skipping_save's wrapper and restored")
+    return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped by skipping_save and restored"
 
 
 def check_dynamo_reset(probe: Probe) -> str:
     import torch
 
     require(callable(getattr(torch._dynamo, "reset", None)), "torch._dynamo.reset is missing")
-    return "torch._dynamo.reset (not called here: it would drop this process's compiled code)"
+    require(callable(_api().reset_compiled_code), "reset_compiled_code")
+    return "torch._dynamo.reset, as reset_compiled_code (not called here: it would drop this process's compiled code)"
 
 
 CHECKS: Dict[str, Check] = {check.name: check for check in (
@@ -389,7 +420,8 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
           check_sharding_propagation),
     Check("op_names", "torch._C._dispatch_get_all_op_names", check_op_names),
     Check("op_schema", "torch._C._get_schema, torch._C.TensorType/ListType/OptionalType", check_op_schema),
-    Check("op_overload", "torch._ops.OpOverload._op, _schema, _overloadname", check_op_overload),
+    Check("op_overload", "torch._ops.OpOverload._op, _schema, _overloadname; OpOverloadPacket._qualified_op_name",
+          check_op_overload),
     Check("implicit_replication", "torch._C._get_dtensor_allow_implicit_replication", check_implicit_replication),
     Check("mixed_operand_error", "torch's mixed-operand error text", check_mixed_operand_error),
     Check("sharding_cache_clear", "torch._C._clear_DTensor_sharding_propagator_cache", check_sharding_cache_clear),

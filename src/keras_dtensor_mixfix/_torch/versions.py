@@ -30,11 +30,6 @@ def supported_range() -> str:
     return f"torch {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} to {NEWEST_TORCH[0]}.{NEWEST_TORCH[1]}.x"
 
 
-class UnsupportedTorchError(RuntimeError):
-    """``patch()`` on a torch release outside the supported range (see :func:`supported_range`), or on a newer
-    one allowed by the opt-in whose self-check failed."""
-
-
 def running_torch_version() -> str:
     """The version of the torch this process runs (or will import): what the gate reads.
 

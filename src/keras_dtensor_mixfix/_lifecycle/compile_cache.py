@@ -1,0 +1,57 @@
+"""Keeps graphs traced with a promotion out of torch.compile's caches, and out of use after a change.
+
+A graph that contains a promotion is only right under the rules it was traced with. Dynamo keys
+its graphs by the Python code, and AOTAutograd's on-disk cache by the dynamo graph, neither of
+which shows what a dispatch rule did below them. So: while patched, ``AOTAutogradCache.save``
+skips the compilations that promoted (a program that never promotes is cached exactly as before),
+and when the patch or its rules change after such a compilation, dynamo's in-memory caches are
+reset so those functions recompile under the new state (after ``unpatch()``: torch's own
+mixed-operand error again).
+
+The engine notes the compilations that promoted (``_engine.context.traced_promotions``); this
+module owns the ``save`` swap, through the package's one patch recorder.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .._engine.context import TracedPromotions, traced_promotions
+from .._torch.api import aot_autograd_cache, current_compile_id, reset_compiled_code, skipping_save
+from .recorder import PatchRecorder, current_value
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+
+class CompileCacheGuard:
+    """Installs the skipping ``AOTAutogradCache.save`` while patched; invalidates compiled promotions."""
+
+    def __init__(self, traced: TracedPromotions) -> None:
+        self._traced = traced
+        self._patches = PatchRecorder()
+
+    def _skip(self) -> bool:
+        return self._traced.promoted_in(current_compile_id())
+
+    def install(self) -> None:
+        """Wrap ``AOTAutogradCache.save`` (once; nothing where torch has no such cache)."""
+        cache = aot_autograd_cache()
+        if cache is None or len(self._patches):
+            return
+        original = current_value(cache, "save")
+        self._patches.set(cache, "save", skipping_save(original, self._skip), label="AOTAutogradCache.save")
+
+    def uninstall(self) -> None:
+        """Give ``AOTAutogradCache.save`` back exactly, if it is still ours (else warn and leave it)."""
+        self._patches.restore()
+
+    def invalidate(self, why: str) -> None:
+        """Make functions compiled with a promotion recompile (only if any was compiled)."""
+        if not self._traced.take():
+            return
+        log.info("keras_dtensor_mixfix: %s; resetting torch.compile's caches so graphs traced with a "
+                 "promotion recompile", why)
+        reset_compiled_code()
+
+
+compile_cache_guard = CompileCacheGuard(traced_promotions)

@@ -1,0 +1,105 @@
+"""The one patch recorder: every attribute the package replaces in torch or Keras goes through it.
+
+Each replacement is recorded as ``(owner, name, previous, ours)`` and undone in reverse order.
+``previous`` is read from the owner's own ``__dict__``, so a class attribute comes back as the
+very descriptor it was (a ``staticmethod`` stays one) and an attribute the owner only inherited
+is deleted, not set, making the inherited one visible again. An attribute is restored only if it
+is still ours: if someone replaced it on top of us, a warning names it and it is left in place
+(restoring ours would silently undo their patch). A second ``restore()`` does nothing.
+
+Used by the Keras integration (``_keras``), the dispatch-rule holders (``intercept``) and the
+torch.compile cache guard (``compile_cache``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, List, NamedTuple, Optional
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+
+class _Missing:
+    """The type of :data:`MISSING`."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""What :class:`PatchRecorder` records for an attribute the owner did not hold itself."""
+
+
+def current_value(owner: Any, name: str) -> Any:
+    """What ``owner`` itself holds under ``name`` (not inherited): the dict entry, or ``MISSING``."""
+    if isinstance(owner, dict):
+        return owner.get(name, MISSING)
+    if hasattr(owner, "__dict__"):
+        return owner.__dict__.get(name, MISSING)
+    return getattr(owner, name, MISSING)
+
+
+def _describe(owner: Any, name: str) -> str:
+    if isinstance(owner, dict):
+        return f"{name!r} in a dict"
+    owner_name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or type(owner).__name__
+    return f"{owner_name}.{name}"
+
+
+class _Record(NamedTuple):
+    owner: Any
+    name: str
+    previous: Any
+    ours: Any
+    label: str
+
+
+class PatchRecorder:
+    """Replaces attributes (or dict entries, e.g. in ``sys.modules``) and restores them exactly.
+
+    The lock covers only the recorder's own list and the attribute writes; it never calls out.
+    """
+
+    def __init__(self) -> None:
+        self._undo: List[_Record] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many replacements are recorded (and not restored yet)."""
+        return len(self._undo)
+
+    def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None) -> None:
+        """Set ``owner.name`` (``owner[name]`` for a dict) to ``value`` and record what it was.
+
+        ``label`` names the attribute in the warning ``restore()`` logs if it is no longer ours.
+        """
+        with self._lock:
+            previous = current_value(owner, name)
+            if isinstance(owner, dict):
+                owner[name] = value
+            else:
+                setattr(owner, name, value)
+            self._undo.append(_Record(owner, name, previous, value, label or _describe(owner, name)))
+
+    def restore(self) -> List[str]:
+        """Undo every replacement, newest first; returns the labels of those left (no longer ours)."""
+        with self._lock:
+            records, self._undo = self._undo, []
+        left: List[str] = []
+        for record in reversed(records):
+            owner, name, previous = record.owner, record.name, record.previous
+            if current_value(owner, name) is not record.ours:
+                log.warning("keras_dtensor_mixfix: %s was replaced by someone else; left as it is", record.label)
+                left.append(record.label)
+                continue
+            if isinstance(owner, dict):
+                if previous is MISSING:
+                    del owner[name]
+                else:
+                    owner[name] = previous
+            elif previous is MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, previous)
+        return left

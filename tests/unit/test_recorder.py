@@ -1,0 +1,102 @@
+"""The one patch recorder (``_lifecycle.recorder``): exact restore, only where still ours."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+from keras_dtensor_mixfix._keras.patches import Patches
+from keras_dtensor_mixfix._lifecycle.recorder import MISSING, PatchRecorder, current_value
+
+
+class Base:
+    def method(self) -> str:
+        return "base"
+
+    @staticmethod
+    def helper() -> str:
+        return "helper"
+
+
+class Child(Base):
+    pass
+
+
+def test_keras_integration_uses_the_same_recorder():
+    assert Patches is PatchRecorder
+
+
+def test_an_attribute_only_inherited_is_deleted_not_set():
+    recorder = PatchRecorder()
+    assert current_value(Child, "method") is MISSING
+    recorder.set(Child, "method", lambda self: "ours")
+    assert Child().method() == "ours"
+    recorder.restore()
+    assert "method" not in vars(Child)  # deleted: the inherited one shows again
+    assert Child().method() == "base"
+
+
+def test_an_instance_attribute_shadowing_a_method_is_deleted():
+    holder = Base()
+    recorder = PatchRecorder()
+    recorder.set(holder, "method", lambda: "ours")
+    assert holder.method() == "ours"
+    recorder.restore()
+    assert "method" not in vars(holder) and holder.method() == "base"
+
+
+def test_a_staticmethod_comes_back_as_the_same_descriptor():
+    original = vars(Base)["helper"]
+    recorder = PatchRecorder()
+    recorder.set(Base, "helper", staticmethod(lambda: "ours"))
+    assert Base.helper() == "ours"
+    recorder.restore()
+    assert vars(Base)["helper"] is original
+
+
+def test_undo_runs_in_reverse_order():
+    module = types.ModuleType("recorder_target")
+    module.value = "first"
+    recorder = PatchRecorder()
+    recorder.set(module, "value", "second")
+    recorder.set(module, "value", "third")  # on top of our own: restored through "second"
+    assert len(recorder) == 2
+    assert recorder.restore() == []
+    assert module.value == "first"
+
+
+def test_a_second_restore_does_nothing():
+    module = types.ModuleType("recorder_target")
+    module.value = "first"
+    recorder = PatchRecorder()
+    recorder.set(module, "value", "second")
+    recorder.restore()
+    module.value = "changed later by the user"
+    assert recorder.restore() == [] and len(recorder) == 0
+    assert module.value == "changed later by the user"
+
+
+def test_someone_patched_on_top_warns_names_it_and_leaves_it(caplog):
+    caplog.set_level(logging.WARNING, logger="keras_dtensor_mixfix")
+    module = types.ModuleType("recorder_target")
+    module.value = "original"
+    module.other = "original other"
+    recorder = PatchRecorder()
+    recorder.set(module, "value", "ours")
+    recorder.set(module, "other", "ours", label="the other thing")
+    module.value = "theirs"
+    assert recorder.restore() == ["recorder_target.value"]
+    assert module.value == "theirs"  # left in place
+    assert module.other == "original other"  # the rest is restored
+    assert "recorder_target.value was replaced by someone else; left as it is" in caplog.text
+    assert "the other thing" not in caplog.text
+
+
+def test_dict_entries_are_recorded_too():
+    name = "keras_dtensor_mixfix_recorder_test_module"
+    recorder = PatchRecorder()
+    recorder.set(sys.modules, name, types.ModuleType(name))
+    assert name in sys.modules
+    recorder.restore()
+    assert name not in sys.modules
