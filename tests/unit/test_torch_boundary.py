@@ -50,12 +50,6 @@ directly; a call per read through ``_torch/`` would cost a share of each promote
 ALLOWED_UNTIL_MOVED: Dict[str, Set[str]] = {
     # moved by the lead after the merge
     "_lifecycle/intercept.py": {"torch._ops.OpOverload"},
-    # moved by the lead after the merge
-    "_engine/direct.py": {"torch._ops.OpOverload", "._schema", "._is_view_op"},
-    # moved by the lead after the merge
-    "_engine/plans.py": {"torch._ops.OpOverload", "._op"},
-    # moved by the lead after the merge
-    "_engine/foreach.py": {"._schema"},
 }
 # ------------------------------------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .._rules.ops import op_traits
 from .._torch.api import DTensorSpec, dtensor_handles_specially, propagate_sharding
+from .._torch.operators import OpOverload, is_view_schema, schema_of
 from .operands import dtensors_in
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -71,12 +72,12 @@ def plan(func: Any, promoted_args: Tuple[Any, ...], kwargs: Optional[Dict[str, A
 
 
 def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
-    if type(func) is not torch._ops.OpOverload:
+    if type(func) is not OpOverload:
         return None
     if dtensor_handles_specially(func) or torch.Tag.nondeterministic_seeded in func.tags:
         return None  # random ops run under DTensor's RNG tracker; custom handlers their own way
-    schema = func._schema
-    if schema._is_view_op():
+    schema = schema_of(func)
+    if is_view_schema(schema):
         return None
     returns = [str(r.type) for r in schema.returns]
     written = op_traits(func).written

@@ -21,6 +21,7 @@ from . import direct as _direct
 from . import stats as _stats
 from .._rules.decisions import REPLICATE
 from .._rules.ops import OpTraits
+from .._torch.operators import schema_of
 from .caches import remember
 from .construct import local_piece, new_dtensor
 from .general import promote_general
@@ -112,7 +113,7 @@ def promote_foreach(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], in
 
 
 def _scalar_list_overload(func: Any) -> Any:
-    packet = getattr(getattr(torch.ops, func.namespace), func._schema.name.split("::")[1])
+    packet = getattr(getattr(torch.ops, func.namespace), schema_of(func).name.split("::")[1])
     overload = getattr(packet, "ScalarList", None)
     if overload is None:
         from .._rules.errors import promotion_error

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-import torch
-
 from .._rules.decisions import REPLICATE
 from .._rules.ops import op_traits
 from .._rules.registry import registry
+from .._torch.operators import OpOverload, op_callable
 from .caches import CACHES, FastOptions, remember
 from .context import options as _current_options
 
@@ -28,7 +27,7 @@ class OpState:
         self.op = op
         self.traits = op_traits(op)
         # OpOverload.__call__ only forwards to ``_op``; calling that directly saves a Python frame.
-        self.call = op._op if type(op) is torch._ops.OpOverload else op
+        self.call = op_callable(op) if type(op) is OpOverload else op
         self.may_fast = not self.traits.foreach
         self.rule: Any = None
         self.version = -1  # the registry's version ``rule`` was looked up at
