@@ -12,7 +12,7 @@ run the foreach kernel on the local lists, without building a DTensor per plain 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -33,6 +33,15 @@ from .run import call_op, wrap_result
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _NOT_DIRECT = object()
+
+
+class ForeachPlan(NamedTuple):
+    """The direct path's decision for one shape of foreach call (held in ``OpState.fast``)."""
+
+    result: Any
+    """``direct.plan``'s answer: the output specs, or ``NO_RESULT`` for an in-place op."""
+    pieces: List[Optional[Tuple[slice, ...]]]
+    """Each plain operand's local index (this rank's slice; None: all of it), in scan order."""
 
 
 def _row_mesh(args: Tuple[Any, ...], lists: Tuple[int, ...], row: int) -> Tuple[Optional[Any], bool]:
@@ -206,7 +215,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         result = _run(info, traits, promoted_args, kwargs, len(plains))
         plan = _direct.confirmed(planned, promoted_args, result)
         # The plan holds each plain operand's local piece: the key fixes all of them.
-        remember(info.fast, plan_key, None if plan is None else (plan, pieces))
+        remember(info.fast, plan_key, None if plan is None else ForeachPlan(plan, pieces))
         return result
     plan, pieces = found
     for (column, row, item), local_index in zip(plains, pieces):

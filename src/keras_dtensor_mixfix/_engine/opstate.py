@@ -33,7 +33,8 @@ class OpState:
         self.version = -1  # the registry's version ``rule`` was looked up at
         self.stats_key = (self.traits.name, REPLICATE)
         # The fast path's entries for this op (fast.FastEntry, keyed by the plain operand's position,
-        # shape, stride, dtype and the DTensor's spec), or for a foreach op its plans (foreach.py).
+        # shape, stride, dtype and the DTensor's spec), or for a foreach op its plans (foreach.ForeachPlan, or
+        # None where the direct path is refused), keyed by the lists' layout.
         self.fast: Dict[Tuple[Any, ...], Any] = {}
 
 
