@@ -43,15 +43,6 @@ HOT_PATH_EXCEPTION = {"_engine": frozenset({"_local_tensor", "_spec"})}
 """The one documented exception: ``_engine/`` (the promotion's hot path) reads DTensor's local tensor and spec
 directly; a call per read through ``_torch/`` would cost a share of each promoted op."""
 
-# ------------------------------------------------------------------------------------------------------------
-# TEMPORARY: offenders in modules this change did not own; moved by the lead after the merge.
-# Keyed by module path (relative to the package), each with exactly the names it may still use, so a new
-# offence in the same file fails too. An entry that no longer matches anything fails as well: remove it.
-ALLOWED_UNTIL_MOVED: Dict[str, Set[str]] = {
-    # moved by the lead after the merge
-    "_lifecycle/intercept.py": {"torch._ops.OpOverload"},
-}
-# ------------------------------------------------------------------------------------------------------------
 
 
 def _is_private(part: str) -> bool:
@@ -201,22 +192,10 @@ def _offences() -> Dict[str, List[Tuple[int, str]]]:
 
 def test_no_module_outside_the_torch_boundary_names_a_private_torch_name():
     offences = _offences()
-    unexpected = {
-        path: [f"line {line}: {name}" for line, name in found if name not in ALLOWED_UNTIL_MOVED.get(path, ())]
-        for path, found in offences.items()
-    }
-    unexpected = {path: found for path, found in unexpected.items() if found}
+    unexpected = {path: [f"line {line}: {name}" for line, name in found] for path, found in offences.items() if found}
     assert not unexpected, (
         "torch-private names outside _torch/ (read them through a _torch/ module; see the _torch package "
         f"docstring): {unexpected}")
-
-
-def test_the_temporary_allowlist_has_no_stale_entry():
-    offences = _offences()
-    stale = {path: sorted(names - {name for _, name in offences.get(path, [])})
-             for path, names in ALLOWED_UNTIL_MOVED.items()}
-    stale = {path: names for path, names in stale.items() if names}
-    assert not stale, f"ALLOWED_UNTIL_MOVED names offences that are gone: remove them: {stale}"
 
 
 @pytest.mark.parametrize("source, expected", [

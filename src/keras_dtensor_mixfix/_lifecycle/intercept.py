@@ -31,6 +31,7 @@ from .._engine import context
 from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, torch_first
 from .._rules.ops import has_two_tensor_inputs, op_key
 from .._torch.api import all_op_qualnames, dispatch_rule_holder, op_schema, registration_handle
+from .._torch.operators import OpOverload
 from .recorder import PatchRecorder
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class DispatchRuleInterceptor:
 
     def ensure_op(self, op: Any) -> None:
         """Hook an op defined after install() (called when a rule is registered for it)."""
-        overloads = [op] if isinstance(op, torch._ops.OpOverload) else [getattr(op, n) for n in op.overloads()]
+        overloads = [op] if isinstance(op, OpOverload) else [getattr(op, n) for n in op.overloads()]
         for overload in overloads:
             key = op_key(overload)
             qualname = key[: -len(".default")] if key.endswith(".default") else key
