@@ -58,7 +58,7 @@ def compiled_forward_backward(world_size, backend):
     assert type(eager_x.grad) is torch.Tensor
     close(eager_x.grad, rx.grad, "eager plain input grad")
     # ...while a compiled graph hands it a DTensor whose full value is exact (pinned, documented in
-    # the README: the hook that makes it plain can only be attached to real tensors, and tracing
+    # docs/rules.md "Gradients": the hook that makes it plain can only be attached to real tensors, and tracing
     # sees fake ones).
     compiled_grad_type = type(compiled_x.grad).__name__
     close(compiled_x.grad, rx.grad, f"{backend} plain input grad value (full_tensor)")
@@ -70,4 +70,4 @@ def test_compiled_function_is_compiled_and_equal_to_eager(world_size, backend):
     results = run_on_ranks(compiled_forward_backward, world_size, backend, world_size=world_size, timeout=600)
     graphs, grad_type, _ = results[0]
     assert graphs >= 1
-    assert grad_type == "DTensor"  # pinned: see README "Gradients"
+    assert grad_type == "DTensor"  # pinned: see docs/rules.md "Gradients"

@@ -1,6 +1,6 @@
 """Differential conformance: real DTensor programs with no mixed op give identical results patched and unpatched.
 
-The promise under test (README, "Rules"): a program that already runs without the plugin behaves bit
+The promise under test (docs/rules.md): a program that already runs without the plugin behaves bit
 for bit the same after ``patch()``. Each program below runs inside the rank workers unpatched, then
 patched, from the same seeds (``tests/_conformance.py``: ``differential``), and every value, placement,
 gradient (type and value), collective count and DTensor op seen by ``CommDebugMode`` must be

@@ -15,7 +15,7 @@ single process built with the same seed (the same initial weights, checked; floa
 
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
 each case is checked by its own test. ``MIXFIX_TEST_MESHES="2x4,4x2"`` adds
-ModelParallel meshes (8 ranks: slow, documented in the README, not in CI).
+ModelParallel meshes (8 ranks: slow, documented in docs/keras.md, not in CI).
 """
 
 from __future__ import annotations

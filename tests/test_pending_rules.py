@@ -129,7 +129,7 @@ def test_resolve_pending_reports_the_rules_whose_op_appeared(tmp_path, monkeypat
 
 
 def pack_rule_for_a_library_imported_after_patch(directory, namespace, module):
-    """The README's rule-pack example end to end: the pack registers a rule for a custom op at the
+    """The rule-pack example of docs/rules.md end to end: the pack registers a rule for a custom op at the
     first patch(), before the library defining the op is imported; the mixed call then follows it."""
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor

@@ -1,4 +1,4 @@
-"""Options accepted by ``patch(**options)``."""
+"""Options accepted by ``patch()`` and ``patched()`` (their keyword-only parameters)."""
 
 from __future__ import annotations
 
