@@ -35,7 +35,7 @@ _EXPORTS = {
     "register_rule": "._rules.registry",
     "reset_stats": "._engine.stats",
     "stats": "._engine.stats",
-    "hookimpl": "._rules.hookspecs",
+    "hookimpl": ".hookspecs",
     "UnsupportedTorchError": "._torch.versions",
 }
 
@@ -72,4 +72,4 @@ if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from ._rules.registry import RuleHandle, register_rule
     from ._engine.stats import reset_stats, stats
     from ._torch.versions import UnsupportedTorchError
-    from ._rules.hookspecs import hookimpl
+    from .hookspecs import hookimpl

@@ -11,7 +11,7 @@ import logging
 from typing import Any, Callable, Dict, Optional
 
 from .decisions import REPLICATE, MixedCall, Position
-from .hookspecs import hookimpl
+from ..hookspecs import hookimpl
 
 log = logging.getLogger(__name__)
 
