@@ -41,7 +41,7 @@ _EXPORTS = {
     "register_rule": "._rules.registry",
     "reset_stats": "._engine.stats",
     "stats": "._engine.stats",
-    "hookimpl": "._rules.hookspecs",
+    "hookimpl": ".hookspecs",
 }
 
 # Names that moved: still found here for one release, with a DeprecationWarning naming the new home.
@@ -89,4 +89,4 @@ if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch
     from ._rules.registry import RuleHandle, register_rule
     from ._engine.stats import reset_stats, stats
-    from ._rules.hookspecs import hookimpl
+    from .hookspecs import hookimpl

@@ -14,20 +14,16 @@ import sys
 import threading
 from typing import Any, Optional, Sequence
 
+from ._keras.keras_modules import INSTALL_TRIGGERS
+
 log = logging.getLogger("keras_dtensor_mixfix")
 
 TARGET = "torch.distributed.tensor"
 
 # The Keras modules keras_integration patches, each with the other names it had in other Keras
-# releases (the torch core moved to `ops.core` in 3.16); once one of each has loaded (during
-# `import keras`, which itself imports torch and so runs this hook midway), the integration is installed.
-KERAS_MODULES = (
-    ("keras.src.backend.torch.core", "keras.src.backend.torch.ops.core"),
-    ("keras.src.backend.torch.trainer",),
-    ("keras.src.distribution.distribution_lib",),
-    ("keras.src.trainers.data_adapters",),
-    ("keras.src.saving.saving_lib",),
-)
+# releases; once one of each has loaded (during `import keras`, which itself imports torch and so
+# runs this hook midway), the integration is installed. (Importing the Keras boundary imports no Keras.)
+KERAS_MODULES = INSTALL_TRIGGERS
 WATCHED = (TARGET,) + tuple(name for names in KERAS_MODULES for name in names)
 
 keras_state = "not installed"

@@ -4,8 +4,8 @@
 auto-activation is on) adds, only where the installed Keras lacks them (the pieces live in
 :mod:`keras_dtensor_mixfix._keras`, one module per concern):
 
-- a torch ``distribution_lib`` (:mod:`keras_dtensor_mixfix._keras_distribution_lib`), also
-  importable as ``keras.src.backend.torch.distribution_lib`` (Keras 3.16's name);
+- a torch ``distribution_lib`` (:mod:`keras_dtensor_mixfix._keras.distribution_lib`), also
+  importable under Keras 3.16's module name for it (:mod:`._keras.backend_lib`);
 - layout-aware variables: a variable with a layout holds an ``nn.Parameter`` wrapping a DTensor;
   ``assign``/``set_weights``/loading keep the layout;
 - global values out: ``convert_to_numpy`` (so ``get_weights``, saving, History, ``predict``)
@@ -62,10 +62,9 @@ def install() -> bool:
     with _lock:
         if _installed is not None:
             return True
-        from keras.src.backend.config import backend
-
-        if backend() != "torch":
-            log.debug("keras_dtensor_mixfix: Keras backend is %s, not torch: nothing to install", backend())
+        backend = keras_modules.backend_name()
+        if backend != "torch":
+            log.debug("keras_dtensor_mixfix: Keras backend is %s, not torch: nothing to install", backend)
             return False
         patches = Patches()
         added: List[str] = []

@@ -1,17 +1,25 @@
 """The Keras integration, one module per concern; :mod:`keras_dtensor_mixfix.keras_integration` installs them.
 
-- :mod:`.patches`: record replaced attributes, restore them exactly;
-- :mod:`.keras_modules`: where the installed Keras keeps what we patch, and what it already does itself;
+Each ``install(patches)`` records every attribute it replaces in the patch recorder it is given
+(``Patches``), so that ``uninstall()`` restores Keras exactly.
+
+- :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
+  installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;
 - :mod:`.backend_lib`: the torch ``distribution_lib`` Keras uses (ours, or Keras' own completed);
+- :mod:`.distribution_lib`: ours, the torch backend of ``keras.distribution`` for a Keras that has none;
+- :mod:`.layouts`: Keras layouts as DTensor meshes and placements, and moving a tensor to one;
 - :mod:`.variables`: layout-aware variables (DTensor parameters);
 - :mod:`.values`: global values out of ``convert_to_numpy``;
 - :mod:`.data`: batches distributed before each step, logs and predictions made global;
 - :mod:`.compile`: ``jit_compile=True`` under a distribution;
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
 - :mod:`.saving`: rank 0 writes;
+- :mod:`.ddp`: models with DTensor weights kept out of Keras' ``DistributedDataParallel`` wrap;
 - :mod:`.sharded_ops`: ``take``, ``slice_update``, attention and min/max/all/any reductions where DTensor
   cannot run Keras' version;
 - :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
+- :mod:`.einsum_kernel_split`: a kernel re-split so that more einsums line up;
+- :mod:`.vocab_parallel_loss`: sparse categorical cross-entropy over class-split logits, never gathered;
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out
   like their parameters.
 """

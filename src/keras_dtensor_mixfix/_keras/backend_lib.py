@@ -1,8 +1,9 @@
 """The torch ``distribution_lib`` Keras calls: ours where Keras has none, else Keras' own, completed.
 
-Where ours is installed (Keras 3.15.1), it is also importable under the name Keras 3.16 gives its
-own, ``keras.src.backend.torch.distribution_lib`` (``sys.modules`` entry and package attribute), so
-code written against 3.16 (``from keras.src.backend.torch import distribution_lib``) runs.
+Ours is :mod:`.distribution_lib`. Where it is installed (Keras 3.15.1), it is also importable under
+the name Keras 3.16 gives its own, :data:`.keras_modules.TORCH_DISTRIBUTION_LIB` (``sys.modules``
+entry and attribute of the torch backend package), so code written against 3.16 (importing
+``distribution_lib`` from the torch backend package) runs.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 import sys
 from typing import List
 
+from . import keras_modules
 from .patches import Patches
-
-TORCH_LIB_NAME = "keras.src.backend.torch.distribution_lib"
 
 REQUIRED_LIB_NAMES = (
     "list_devices", "get_device_count", "initialize", "num_processes", "process_id", "distribute_tensor",
@@ -21,20 +21,20 @@ REQUIRED_LIB_NAMES = (
 
 
 def install(patches: Patches, added: List[str]) -> None:
-    import keras.src.backend as backend_module
-    import keras.src.backend.torch as torch_backend
-    import keras.src.distribution.distribution_lib as distribution_module
+    from . import distribution_lib as ours
 
-    from .. import _keras_distribution_lib as ours
+    backend_module = keras_modules.backend_package()
+    torch_backend = keras_modules.torch_backend_package()
+    distribution_module = keras_modules.distribution_module()
 
     native = getattr(backend_module, "distribution_lib", None)
     if native is None:
         patches.set(backend_module, "distribution_lib", ours)
         patches.set(distribution_module, "distribution_lib", ours)
-        if sys.modules.get(TORCH_LIB_NAME) is None:
-            patches.set(sys.modules, TORCH_LIB_NAME, ours)
+        if sys.modules.get(keras_modules.TORCH_DISTRIBUTION_LIB) is None:
+            patches.set(sys.modules, keras_modules.TORCH_DISTRIBUTION_LIB, ours)
             patches.set(torch_backend, "distribution_lib", ours)
-        added.append(f"distribution_lib: torch backend installed (also as {TORCH_LIB_NAME})")
+        added.append(f"distribution_lib: torch backend installed (also as {keras_modules.TORCH_DISTRIBUTION_LIB})")
         return
     missing = [name for name in REQUIRED_LIB_NAMES if not hasattr(native, name)]
     for name in missing:

@@ -76,10 +76,9 @@ def _compiled_train_step(trainer: Any, data: Any) -> Any:
     predictions they see are detached first.
     """
     import torch
-    from keras.src import tree
-    from keras.src.trainers.data_adapters import data_adapter_utils
 
-    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+    tree = keras_modules.tree()
+    x, y, sample_weight = keras_modules.data_adapter_utils().unpack_x_y_sample_weight(data)
     y_pred = trainer(x, training=True) if trainer._call_has_training_arg else trainer(x)
     trainer.zero_grad()
     loss = trainer._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)

@@ -60,9 +60,9 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
 
 def _distribute_batch(data: Any, distribution: Any) -> Any:
     import torch
-    from keras.src import tree
     from torch.distributed.tensor import DTensor
 
+    tree = keras_modules.tree()
     convert_to_tensor = keras_modules.core().convert_to_tensor
     is_global = bool(getattr(distribution, "auto_shard_dataset", True))
     layouts = _layout_cache(distribution)
@@ -97,8 +97,9 @@ def _layout_cache(distribution: Any) -> dict:
 
 def _make_global(result: Any) -> Any:
     import torch
-    from keras.src import tree
     from torch.distributed.tensor import DTensor
+
+    tree = keras_modules.tree()
 
     def one(leaf: Any) -> Any:
         if isinstance(leaf, DTensor):
@@ -109,8 +110,7 @@ def _make_global(result: Any) -> Any:
 
 
 def _install_data_adapter(patches: Patches) -> None:
-    from keras.src.trainers import data_adapters
-
+    data_adapters = keras_modules.data_adapters()
     original = data_adapters.get_data_adapter
 
     @functools.wraps(original)

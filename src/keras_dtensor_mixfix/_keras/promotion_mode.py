@@ -70,10 +70,8 @@ def _on_patch_state(patched: bool) -> None:
 
 
 def _keras_wants_mode() -> bool:
-    from keras.src.distribution.distribution_lib import DataParallel
-
     distribution = keras_modules.distribution()
-    return distribution is not None and not isinstance(distribution, DataParallel)
+    return distribution is not None and not isinstance(distribution, keras_modules.data_parallel_class())
 
 
 def sync() -> None:

@@ -17,7 +17,7 @@ partitioner finds for JAX):
   of a value read by column-sharded kernels is a partial sum over their shards);
 - a parameter's gradient is laid out like the parameter as soon as it is accumulated, so the
   optimizer meets matching placements and reduces nothing (a hook that
-  ``_keras_distribution_lib.distribute_variable`` registers on each parameter it makes).
+  ``distribution_lib.distribute_variable`` registers on each parameter it makes).
 
 Both keep every value (a redistribution never changes the global tensor), and act only on
 DTensors under a distribution: a program without one runs exactly as before; after ``uninstall()``
@@ -38,10 +38,11 @@ _boundary: Any = None  # the autograd Function, made at install (torch is import
 
 def install(patches: Patches) -> None:
     global _boundary
-    from keras.src.layers.layer import Layer
+    from . import distribution_lib as ours
 
+    Layer = keras_modules.layer_class()
+    tree = keras_modules.tree()  # bound here: the wrapper below runs inside compiled steps
     _boundary = _boundary_function()
-    from .. import _keras_distribution_lib as ours
 
     patches.set(ours, "GRADIENTS_LIKE_PARAMETERS", True)
     if keras_modules.native_layout_variables():  # Keras 3.16 makes the DTensor parameters itself
@@ -54,8 +55,6 @@ def install(patches: Patches) -> None:
         outputs = original_call(self, *args, **kwargs)
         if keras_modules.distribution() is None:
             return outputs
-        from keras.src import tree
-
         return tree.map_structure(settle_partial_sums, outputs)
 
     patches.set(Layer, "__call__", __call__)
@@ -128,7 +127,7 @@ def _boundary_function() -> Any:
 
 def _hook_native_parameters(patches: Patches) -> None:
     """Keras' own layout-aware variables (3.16): each DTensor parameter they make gets the gradient hook."""
-    from .. import _keras_distribution_lib as ours
+    from . import distribution_lib as ours
 
     variable_class = keras_modules.core().Variable
     original = variable_class._initialize_distributed

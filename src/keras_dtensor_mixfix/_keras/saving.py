@@ -13,8 +13,7 @@ from .patches import Patches
 
 
 def install(patches: Patches) -> None:
-    from keras.src.saving import saving_lib
-
+    saving_lib = keras_modules.saving_lib()
     for name in ("save_model", "save_weights_only"):
         patches.set(saving_lib, name, _rank_zero_writes(getattr(saving_lib, name)))
 

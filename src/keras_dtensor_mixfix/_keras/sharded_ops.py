@@ -270,7 +270,7 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
     import torch
     from torch.distributed.tensor import Replicate, Shard
 
-    from .._keras_distribution_lib import TorchLayout, _relayout
+    from .layouts import TorchLayout, relayout
 
     if not isinstance(tensor, torch.Tensor):
         return tensor
@@ -283,5 +283,5 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
                 own.append(Shard(dim))
                 continue
         own.append(Replicate())
-    piece = _relayout(tensor, TorchLayout(mesh, tuple(own)))
+    piece = relayout(tensor, TorchLayout(mesh, tuple(own)))
     return piece.to_local() if hasattr(piece, "to_local") else piece

@@ -17,10 +17,10 @@ log = logging.getLogger("keras_dtensor_mixfix")
 
 def install(patches: Patches) -> None:
     import torch
-    from keras.src.backend.common import global_state
-    from keras.src.backend.common.variables import Variable as KerasVariable
     from torch.distributed.tensor import DTensor
 
+    global_state = keras_modules.global_state()
+    KerasVariable = keras_modules.base_variable_class()
     core = keras_modules.core()
     variable_class = core.Variable
     original_initialize = variable_class._initialize

@@ -86,7 +86,7 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from .._keras_distribution_lib import TorchLayout, _relayout
+    from .layouts import TorchLayout, relayout
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh = logits.device_mesh
@@ -97,7 +97,7 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     row_shape = tuple(logits.shape[:class_dim]) + tuple(logits.shape[class_dim + 1:])
     if target.ndim == logits.ndim:
         target = target.squeeze(class_dim)
-    target = _relayout(target, TorchLayout(mesh, row_placements))  # this rank's rows, no gradient
+    target = relayout(target, TorchLayout(mesh, row_placements))  # this rank's rows, no gradient
     own = (target.to_local() if isinstance(target, DTensor) else target).to(torch.int64)
     _, offsets = compute_local_shape_and_global_offset(logits.shape, mesh, logits.placements)
     own = own - offsets[class_dim]  # the target's index among this rank's classes, if it holds it

@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, Optional
 
 from .._torch.operators import schema_of
 from .decisions import REPLICATE, MixedCall, Position
+from ..hookspecs import hookimpl
 from .errors import UnknownOperatorError
-from .hookspecs import hookimpl
 from .ops import op_key, packet_name
 
 log = logging.getLogger(__name__)

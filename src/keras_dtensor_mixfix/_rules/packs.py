@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Any, List, Optional
 
-from .hookspecs import PROJECT
+from ..hookspecs import PROJECT
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -47,7 +47,7 @@ def plugin_manager() -> Any:
     if _manager is None:
         import pluggy
 
-        from . import hookspecs
+        from .. import hookspecs
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(hookspecs)
         _manager = manager

@@ -1,39 +1,29 @@
 """A torch backend for ``keras.distribution`` (Keras 3.15.1 ships none).
 
-Installed by :mod:`keras_dtensor_mixfix.keras_integration` as ``keras.src.backend.distribution_lib``
-and as ``keras.src.backend.torch.distribution_lib``, with the functions Keras 3.16's module of that
-name has. One process per device: a Keras device id is the process's global rank. A Keras
+Installed by :mod:`keras_dtensor_mixfix.keras_integration` (:mod:`.backend_lib`) as the
+``distribution_lib`` of Keras' backend package, and under the module name Keras 3.16 gives its own
+(:data:`.keras_modules.TORCH_DISTRIBUTION_LIB`), with the functions Keras 3.16's module of that name
+has. One process per device: a Keras device id is the process's global rank. A Keras
 ``TensorLayout`` becomes ``(torch DeviceMesh, placements)``: for each mesh dim, ``Shard(d)`` if
-the layout puts that mesh axis on tensor dim ``d``, else ``Replicate()``.
+the layout puts that mesh axis on tensor dim ``d``, else ``Replicate()`` (:mod:`.layouts`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import keras_modules
+# DTensorLayout is not used here: Keras 3.16's module of this name has it.
+from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic, placements_for,  # noqa: F401
+                      relayout)
+
 log = logging.getLogger("keras_dtensor_mixfix")
-
-
-class TorchLayout(NamedTuple):
-    """What ``TensorLayout.backend_layout`` is on torch."""
-
-    mesh: Any
-    placements: Tuple[Any, ...]
-
-    @property
-    def device_mesh(self) -> Any:
-        """Keras 3.16's ``DTensorLayout`` name for the mesh."""
-        return self.mesh
-
-
-DTensorLayout = TorchLayout
-"""Keras 3.16's name for a backend layout (``DTensorLayout(device_mesh, placements)``)."""
 
 
 def _device_kind() -> str:
@@ -84,8 +74,7 @@ def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int]
 
 def _agree_on_seed() -> None:
     # Shuffling and initializers draw from the global RNGs: every rank must draw the same numbers.
-    from keras.src.utils import rng_utils
-
+    rng_utils = keras_modules.rng_utils()
     if rng_utils.get_random_seed() is not None and dist.get_world_size() == 1:
         return
     seed = torch.tensor([int(np.random.randint(0, 2**31 - 1))], dtype=torch.int64)
@@ -95,7 +84,7 @@ def _agree_on_seed() -> None:
 
 def activate_dtensor_promotion() -> None:
     """Keras 3.16 enters its promotion mode here; ours is the package's patch (process-wide)."""
-    from ._lifecycle.patching import is_patched, patch
+    from .._lifecycle.patching import is_patched, patch
 
     if not is_patched():
         patch()
@@ -151,31 +140,6 @@ def _to_backend_mesh(device_mesh: Any) -> Any:
     return found
 
 
-def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str],
-                   mesh_shape: Optional[Sequence[int]] = None) -> Tuple[Any, ...]:
-    """Keras layout axes (one per tensor dim) -> DTensor placements (one per mesh dim).
-
-    A mesh axis of size 1 splits nothing, so its placement is ``Replicate()`` whatever the layout
-    says: the local tensors are the same, and DTensor's sharding propagation stays away from
-    strategies (and shard orders) that only differ on an axis where no data moves.
-    """
-    from torch.distributed.tensor import Replicate, Shard
-
-    unknown = [a for a in axes if a is not None and a not in mesh_axis_names]
-    if unknown:
-        raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} name {unknown}, which the mesh "
-                         f"{tuple(mesh_axis_names)} does not have")
-    placements = []
-    for name in mesh_axis_names:
-        dims = [dim for dim, axis in enumerate(axes) if axis == name]
-        if len(dims) > 1:
-            raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} for tensor "
-                             f"dims {dims}; a mesh axis can shard one tensor dim")
-        trivial = mesh_shape is not None and mesh_shape[len(placements)] == 1
-        placements.append(Shard(dims[0]) if dims and not trivial else Replicate())
-    return tuple(placements)
-
-
 def _to_backend_layout(tensor_layout: Any) -> TorchLayout:
     if tensor_layout.device_mesh is None:
         raise ValueError("Cannot create sharding when device mesh is not set for TensorLayout.")
@@ -185,9 +149,7 @@ def _to_backend_layout(tensor_layout: Any) -> TorchLayout:
 
 
 def _resolve(layout: Any) -> TorchLayout:
-    from keras.src.distribution import TensorLayout
-
-    if isinstance(layout, TensorLayout):
+    if isinstance(layout, keras_modules.tensor_layout_class()):
         return layout.backend_layout
     if isinstance(layout, TorchLayout):
         return layout
@@ -197,51 +159,12 @@ def _resolve(layout: Any) -> TorchLayout:
     return TorchLayout(mesh, tuple(placements))
 
 
-def fit_placements(shape: Sequence[int], mesh: Any, placements: Sequence[Any], what: str) -> Tuple[Any, ...]:
-    """Replicate tensor dims too small to give every rank of their mesh axis a piece (with a warning)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    fitted = []
-    for mesh_dim, placement in enumerate(placements):
-        if isinstance(placement, Shard) and shape[placement.dim] < mesh.size(mesh_dim):
-            log.warning("keras_dtensor_mixfix: %s: dim %d of shape %s is smaller than mesh axis %r (%d ranks); "
-                        "it is replicated instead of sharded", what, placement.dim, tuple(shape),
-                        (mesh.mesh_dim_names or ("?",) * mesh.ndim)[mesh_dim], mesh.size(mesh_dim))
-            fitted.append(Replicate())
-        else:
-            fitted.append(placement)
-    return tuple(fitted)
-
-
-def _is_symbolic(tensor: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return not isinstance(tensor, DTensor) and (tensor.is_meta or type(tensor).__name__ == "FakeTensor")
-
-
-def _relayout(tensor: Any, layout: TorchLayout) -> Any:
-    from torch.distributed.tensor import DTensor, Replicate
-
-    if not isinstance(tensor, torch.Tensor) or _is_symbolic(tensor):
-        return tensor
-    mesh, placements = layout
-    if isinstance(tensor, DTensor):
-        if tensor.device_mesh == mesh and tuple(tensor.placements) == tuple(placements):
-            return tensor
-        return tensor.redistribute(mesh, placements)
-    # A plain tensor is the same whole value on every rank: slice locally, differentiably.
-    replicated = DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
-    return replicated.redistribute(mesh, placements)
-
-
 def distribute_tensor(tensor: Any, layout: Any) -> Any:
     """Give ``tensor`` (or every tensor in a structure) ``layout``; differentiable; symbolic tensors pass."""
     if layout is None:
         return tensor
-    from keras.src import tree
-
     resolved = _resolve(layout)
-    return tree.map_structure(lambda leaf: _relayout(leaf, resolved), tensor)
+    return keras_modules.tree().map_structure(lambda leaf: relayout(leaf, resolved), tensor)
 
 
 def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True) -> torch.nn.Parameter:
@@ -307,8 +230,8 @@ def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: O
         return per_process_batch
     resolved = _resolve(layout)
     if is_global:
-        if per_process_batch.requires_grad or _is_symbolic(per_process_batch):
-            return _relayout(per_process_batch, resolved)
+        if per_process_batch.requires_grad or is_symbolic(per_process_batch):
+            return relayout(per_process_batch, resolved)
         # The usual case, data that needs no gradient: every rank slices its own copy (no
         # communication) without the autograd machinery of from_local/redistribute.
         from torch.distributed.tensor import distribute_tensor as torch_distribute
