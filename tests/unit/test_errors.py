@@ -106,10 +106,9 @@ BUILTIN_RAISES_KEPT = {
     ("_torch/probe.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as its result",
     ("_torch/checks.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as its result",
     ("_torch/selfcheck.py", "RuntimeError"): "no gloo: caught at once and reported as every check's result",
-    # moved by the lead after the merge (files this change did not own):
-    ("_keras_distribution_lib.py", "ValueError"): "bad mesh or layout input: to become InvalidArgumentError",
-    ("_keras/keras_modules.py", "ImportError"): "a Keras without the expected modules",
-    ("_engine/decide.py", "AssertionError"): "an unreachable branch",
+    ("_keras/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
+                                                "the same failure as Python's own import of it, and caught as one",
+    ("_engine/decide.py", "AssertionError"): "an internal invariant (an unreachable branch), never a user's error",
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._rules.errors import InvalidArgumentError
 from . import keras_modules
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
 from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic, placements_for,  # noqa: F401
@@ -124,11 +125,11 @@ def _to_backend_mesh(device_mesh: Any) -> Any:
     devices = np.asarray(device_mesh.devices)
     kinds = {str(d).split(":")[0].lower() for d in devices.flatten()}
     if len(kinds) != 1:
-        raise ValueError(f"keras_dtensor_mixfix: a DeviceMesh needs one device type, got {sorted(kinds)}")
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: a DeviceMesh needs one device type, got {sorted(kinds)}")
     kind = kinds.pop()
     ranks = [int(str(d).split(":")[1]) if ":" in str(d) else 0 for d in devices.flatten()]
     if max(ranks) >= dist.get_world_size():
-        raise ValueError(f"keras_dtensor_mixfix: DeviceMesh names devices {sorted(set(ranks))} but only "
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: DeviceMesh names devices {sorted(set(ranks))} but only "
                          f"{dist.get_world_size()} processes exist (one device per process)")
     key = (kind, tuple(ranks), tuple(devices.shape), tuple(device_mesh.axis_names))
     found = _MESHES.get(key)
@@ -142,7 +143,7 @@ def _to_backend_mesh(device_mesh: Any) -> Any:
 
 def _to_backend_layout(tensor_layout: Any) -> TorchLayout:
     if tensor_layout.device_mesh is None:
-        raise ValueError("Cannot create sharding when device mesh is not set for TensorLayout.")
+        raise InvalidArgumentError("Cannot create sharding when device mesh is not set for TensorLayout.")
     mesh = tensor_layout.device_mesh.backend_mesh
     return TorchLayout(mesh, placements_for(tensor_layout.axes, tensor_layout.device_mesh.axis_names,
                                             tensor_layout.device_mesh.shape))

@@ -12,6 +12,8 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from .._rules.errors import InvalidArgumentError
+
 log = logging.getLogger("keras_dtensor_mixfix")
 
 
@@ -43,13 +45,13 @@ def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str]
 
     unknown = [a for a in axes if a is not None and a not in mesh_axis_names]
     if unknown:
-        raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} name {unknown}, which the mesh "
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} name {unknown}, which the mesh "
                          f"{tuple(mesh_axis_names)} does not have")
     placements = []
     for name in mesh_axis_names:
         dims = [dim for dim, axis in enumerate(axes) if axis == name]
         if len(dims) > 1:
-            raise ValueError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} for tensor "
+            raise InvalidArgumentError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} for tensor "
                              f"dims {dims}; a mesh axis can shard one tensor dim")
         trivial = mesh_shape is not None and mesh_shape[len(placements)] == 1
         placements.append(Shard(dims[0]) if dims and not trivial else Replicate())
