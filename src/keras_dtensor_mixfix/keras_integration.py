@@ -34,14 +34,14 @@ from typing import List, Optional
 
 from ._keras import (backend_lib, compile, data, ddp, einsum_kernel_split, keras_modules, local_einsum,
                      promotion_mode, reductions, saving, sharded_ops, values, variables, vocab_parallel_loss)
-from ._keras.patches import Patches
+from ._lifecycle.recorder import PatchRecorder
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 __all__ = ["install", "uninstall", "is_installed", "report"]
 
 _lock = threading.RLock()
-_installed: Optional[Patches] = None
+_installed: Optional[PatchRecorder] = None
 _report: List[str] = []
 _patched_here = False
 _mode_replaced = False
@@ -66,7 +66,7 @@ def install() -> bool:
         if backend != "torch":
             log.debug("keras_dtensor_mixfix: Keras backend is %s, not torch: nothing to install", backend)
             return False
-        patches = Patches()
+        patches = PatchRecorder()
         added: List[str] = []
         try:
             native_lib = keras_modules.native_distribution_lib()

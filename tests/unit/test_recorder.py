@@ -6,7 +6,8 @@ import logging
 import sys
 import types
 
-from keras_dtensor_mixfix._keras.patches import Patches
+import pytest
+
 from keras_dtensor_mixfix._lifecycle.recorder import MISSING, PatchRecorder, current_value
 
 
@@ -23,8 +24,17 @@ class Child(Base):
     pass
 
 
-def test_keras_integration_uses_the_same_recorder():
-    assert Patches is PatchRecorder
+def test_the_keras_integration_records_through_the_one_recorder():
+    pytest.importorskip("keras")
+    from keras_dtensor_mixfix import keras_integration
+
+    was_installed = keras_integration.is_installed()
+    keras_integration.install()
+    try:
+        assert isinstance(keras_integration._installed, PatchRecorder) and len(keras_integration._installed) > 0
+    finally:
+        if not was_installed:
+            keras_integration.uninstall()
 
 
 def test_an_attribute_only_inherited_is_deleted_not_set():

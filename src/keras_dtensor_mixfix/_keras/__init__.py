@@ -1,7 +1,7 @@
 """The Keras integration, one module per concern; :mod:`keras_dtensor_mixfix.keras_integration` installs them.
 
 Each ``install(patches)`` records every attribute it replaces in the patch recorder it is given
-(``Patches``), so that ``uninstall()`` restores Keras exactly.
+(``_lifecycle.recorder.PatchRecorder``), so that ``uninstall()`` restores Keras exactly.
 
 - :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
   installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;

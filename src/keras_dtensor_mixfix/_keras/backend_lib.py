@@ -12,7 +12,7 @@ import sys
 from typing import List
 
 from . import keras_modules
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 REQUIRED_LIB_NAMES = (
     "list_devices", "get_device_count", "initialize", "num_processes", "process_id", "distribute_tensor",
@@ -20,7 +20,7 @@ REQUIRED_LIB_NAMES = (
 )
 
 
-def install(patches: Patches, added: List[str]) -> None:
+def install(patches: PatchRecorder, added: List[str]) -> None:
     from . import distribution_lib as ours
 
     backend_module = keras_modules.backend_package()

@@ -19,10 +19,10 @@ import functools
 from typing import Any, Callable
 
 from . import keras_modules, promotion_mode
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
     if keras_modules.native_promotion_mode():
         original_use = trainer_class._use_torch_compile

@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 from . import compile as compile_step
 from . import keras_modules, promotion_mode
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 
-def install(patches: Patches, distribute_batches: bool) -> None:
+def install(patches: PatchRecorder, distribute_batches: bool) -> None:
     trainer_class = keras_modules.trainer_class()
     for kind in ("train", "test", "predict"):
         original_make = getattr(trainer_class, f"make_{kind}_function")
@@ -109,7 +109,7 @@ def _make_global(result: Any) -> Any:
     return tree.map_structure(one, result)
 
 
-def _install_data_adapter(patches: Patches) -> None:
+def _install_data_adapter(patches: PatchRecorder) -> None:
     data_adapters = keras_modules.data_adapters()
     original = data_adapters.get_data_adapter
 

@@ -17,12 +17,12 @@ import logging
 from typing import Any
 
 from . import keras_modules
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 
-def install(patches: Patches) -> bool:
+def install(patches: PatchRecorder) -> bool:
     """Wrap the trainer's ``_initialize_ddp`` where this Keras has one; returns whether it did."""
     trainer_class = keras_modules.trainer_class()
     original = getattr(trainer_class, "_initialize_ddp", None)

@@ -30,10 +30,11 @@ from typing import Any, Sequence
 
 from . import keras_modules
 from .local_einsum import label_sizes, parse
-from .patches import Patches, rebind_everywhere
+from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     """Wrap the einsum installed now (``local_einsum``'s, installed before this)."""
     numpy_module = keras_modules.backend_numpy()
     current = numpy_module.einsum

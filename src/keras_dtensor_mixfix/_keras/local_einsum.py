@@ -42,10 +42,11 @@ import functools
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import keras_modules
-from .patches import Patches, rebind_everywhere
+from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
     rebind_everywhere(patches, numpy_module.einsum, _sharded_einsum(numpy_module.einsum))
 

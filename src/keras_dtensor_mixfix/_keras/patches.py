@@ -1,7 +1,7 @@
-"""The Keras integration's patches: the package's one recorder, and rebinding a Keras function by name.
+"""Rebinding a Keras function by name in every Keras module that imported it.
 
-The recorder itself lives in ``_lifecycle.recorder`` (the dispatch-rule holders and the
-torch.compile cache guard use it too); ``Patches`` is the name the Keras installers take it by.
+The replacements are recorded by the package's one patch recorder (``_lifecycle.recorder``), so
+``uninstall()`` restores each module's binding exactly.
 """
 
 from __future__ import annotations
@@ -9,11 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .._lifecycle.recorder import MISSING, PatchRecorder
-
-Patches = PatchRecorder
-
-__all__ = ["MISSING", "Patches", "PatchRecorder", "rebind_everywhere"]
+from .._lifecycle.recorder import PatchRecorder
 
 
 def rebind_everywhere(patches: PatchRecorder, original: Any, replacement: Any) -> None:

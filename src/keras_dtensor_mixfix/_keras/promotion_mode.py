@@ -20,7 +20,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from . import keras_modules
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -29,7 +29,7 @@ _keras_activate: Optional[Callable[[], None]] = None
 _warned_stuck = False
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     """Replace Keras' ``activate_dtensor_promotion`` (its distribution_lib calls the core's by name)."""
     global _core, _keras_activate
     from .._lifecycle.patching import add_state_listener, is_patched

@@ -30,13 +30,13 @@ import functools
 from typing import Any
 
 from . import keras_modules
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 
 _boundary: Any = None  # the autograd Function, made at install (torch is imported lazily here)
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     global _boundary
     from . import distribution_lib as ours
 
@@ -125,7 +125,7 @@ def _boundary_function() -> Any:
     return LayerOutputBoundary
 
 
-def _hook_native_parameters(patches: Patches) -> None:
+def _hook_native_parameters(patches: PatchRecorder) -> None:
     """Keras' own layout-aware variables (3.16): each DTensor parameter they make gets the gradient hook."""
     from . import distribution_lib as ours
 

@@ -9,10 +9,10 @@ import tempfile
 from typing import Any, Callable
 
 from . import keras_modules
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     saving_lib = keras_modules.saving_lib()
     for name in ("save_model", "save_weights_only"):
         patches.set(saving_lib, name, _rank_zero_writes(getattr(saving_lib, name)))

@@ -44,10 +44,11 @@ import functools
 from typing import Any
 
 from . import keras_modules
-from .patches import Patches, rebind_everywhere
+from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
     core = keras_modules.core()
     if not _SETTLE:

@@ -6,10 +6,11 @@ import functools
 from typing import Any
 
 from . import keras_modules
-from .patches import Patches, rebind_everywhere
+from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     from torch.distributed.tensor import DTensor
 
     original = keras_modules.core().convert_to_numpy

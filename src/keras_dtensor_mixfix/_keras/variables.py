@@ -10,12 +10,12 @@ import logging
 from typing import Any
 
 from . import keras_modules
-from .patches import Patches
+from .._lifecycle.recorder import PatchRecorder
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     import torch
     from torch.distributed.tensor import DTensor
 

@@ -27,10 +27,11 @@ import functools
 from typing import Any, Optional, Tuple
 
 from . import keras_modules
-from .patches import Patches, rebind_everywhere
+from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
 
 
-def install(patches: Patches) -> None:
+def install(patches: PatchRecorder) -> None:
     nn = keras_modules.backend_nn()
     original = nn.sparse_categorical_crossentropy
     rebind_everywhere(patches, original, _vocab_parallel(original, keras_modules.core().convert_to_tensor))
