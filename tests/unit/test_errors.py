@@ -104,7 +104,10 @@ def test_a_promotion_error_is_a_mixfix_error_and_a_runtime_error():
 BUILTIN_RAISES_KEPT = {
     ("__init__.py", "AttributeError"): "module __getattr__'s protocol: hasattr() and getattr(..., default) rely on it",
     ("_torch/probe.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as its result",
-    ("_torch/checks.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as its result",
+    ("_torch/checks_dtensor.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as "
+                                                   "its result",
+    ("_torch/checks_dispatch.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as "
+                                                    "its result",
     ("_torch/selfcheck.py", "RuntimeError"): "no gloo: caught at once and reported as every check's result",
     ("_keras/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
                                                 "the same failure as Python's own import of it, and caught as one",

@@ -65,3 +65,11 @@ class Probe:
 def require(condition: Any, what: str) -> None:
     if not condition:
         raise AssertionError(what)
+
+
+def api_module() -> Any:
+    """``api``, imported when a check first asks for it: a torch where its imports fail gets a failed
+    ``api_imports`` check, not a self-check that cannot start."""
+    from . import api
+
+    return api

@@ -1,0 +1,67 @@
+"""The self-check's checks of the torch.compile internals: traced tensors, the compile id, AOTAutograd's
+cache and resetting compiled code.
+
+Each check gets a ``Probe`` (see ``probe``) and returns what it saw, or raises when torch does not
+behave as the package relies on; ``checks.CHECKS`` lists them in the order they run.
+"""
+
+from __future__ import annotations
+
+from .probe import Probe, api_module, require
+
+
+def check_traced_tensors(probe: Probe) -> str:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    api = api_module()
+    with FakeTensorMode():
+        fake = torch.empty(2)
+    require(api.is_traced(fake) and not api.is_traced(torch.empty(2)), "is_fake does not tell fake tensors")
+    require(issubclass(FunctionalTensor, torch.Tensor), "FunctionalTensor")
+    return "torch._subclasses.fake_tensor.is_fake, functional_tensor.FunctionalTensor"
+
+
+def check_compile_id(probe: Probe) -> str:
+    from torch._guards import CompileContext
+
+    require(callable(CompileContext.current_compile_id), "torch._guards.CompileContext.current_compile_id is missing")
+    require(CompileContext.current_compile_id() is None and api_module().current_compile_id() is None,
+             "CompileContext.current_compile_id() is not None outside torch.compile")
+    return "torch._guards.CompileContext.current_compile_id(): None outside torch.compile"
+
+
+def check_aot_autograd_cache(probe: Probe) -> str:
+    import inspect
+
+    api = api_module()
+    cache = api.aot_autograd_cache()
+    require(cache is not None, "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.save is missing or "
+                                "no staticmethod")
+    original = cache.__dict__["save"]
+    parameters = list(inspect.signature(original.__func__).parameters)
+    require(parameters == ["key", "entry", "remote"], f"AOTAutogradCache.save takes {parameters}")
+    # What the lifecycle's compile-cache guard does with it (the package's own wrapper may be installed
+    # already: a second one wraps it and gives it back).
+    saved = []
+    recording = staticmethod(lambda key, entry, remote: saved.append(key))
+    api.skipping_save(recording, lambda: True).__func__("skipped", None, False)
+    trial = api.skipping_save(recording, lambda: False)
+    require(isinstance(trial, staticmethod), "skipping_save does not give a staticmethod")
+    trial.__func__("key", None, False)
+    require(saved == ["key"], "skipping_save does not skip, or does not call the original save as (key, entry, remote)")
+    cache.save = trial
+    wrapped = cache.__dict__["save"]
+    cache.save = original
+    require(wrapped is trial and cache.__dict__["save"] is original,
+            "AOTAutogradCache.save could not be replaced by skipping_save's wrapper and restored")
+    return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped by skipping_save and restored"
+
+
+def check_dynamo_reset(probe: Probe) -> str:
+    import torch
+
+    require(callable(getattr(torch._dynamo, "reset", None)), "torch._dynamo.reset is missing")
+    require(callable(api_module().reset_compiled_code), "reset_compiled_code")
+    return "torch._dynamo.reset, as reset_compiled_code (not called here: it would drop this process's compiled code)"
