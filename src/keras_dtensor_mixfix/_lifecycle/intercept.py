@@ -30,8 +30,8 @@ import torch
 from .._engine import context
 from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, torch_first
 from .._rules.ops import has_two_tensor_inputs, op_key
-from .._torch.api import all_op_qualnames, dispatch_rule_holder, op_schema, registration_handle
-from .._torch.operators import OpOverload
+from .._torch.api import dispatch_rule_holder, registration_handle
+from .._torch.operators import OpOverload, all_op_names, op_schema
 from .recorder import PatchRecorder
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ _op_names_cache: List[Any] = [None, []]
 
 def candidate_qualnames() -> List[str]:
     """Qualified names (``aten::mul.Tensor``, ``aten::mm``) of every op taking two or more tensors."""
-    names = frozenset(all_op_qualnames())
+    names = frozenset(all_op_names())
     if _op_names_cache[0] == names:
         return _op_names_cache[1]
     found = []

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DTensorSpec", "TensorMeta", "redistribute_local_tensor", "compute_local_shape_and_global_offset",
-    "dtensor_fast_constructor", "dtensor_handles_specially", "propagate_sharding", "all_op_qualnames", "op_schema",
+    "dtensor_fast_constructor", "dtensor_handles_specially", "propagate_sharding",
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
     "clear_sharding_cache", "dispatch_rule_holder", "registration_handle", "is_traced", "current_compile_id",
     "aot_autograd_cache", "skipping_save", "reset_compiled_code", "is_masked_partial",
@@ -79,16 +79,6 @@ def propagate_sharding(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- operator registry
-
-
-def all_op_qualnames() -> Any:
-    """Every operator overload name torch's dispatcher knows (``aten::mul.Tensor``)."""
-    return torch._C._dispatch_get_all_op_names()
-
-
-def op_schema(name: str, overload: str) -> Any:
-    """The schema of ``name.overload``; raises RuntimeError if there is none."""
-    return torch._C._get_schema(name, overload)
 
 
 # --------------------------------------------------------------------------- DTensor dispatch

@@ -18,7 +18,7 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 __all__ = [
-    "OpOverload", "OpOverloadPacket", "TensorType", "ListType", "OptionalType", "all_op_names", "schema_of",
+    "OpOverload", "OpOverloadPacket", "TensorType", "ListType", "OptionalType", "all_op_names", "op_schema", "schema_of",
     "overload_name", "packet_qualname", "op_callable", "is_view_schema",
 ]
 
@@ -38,6 +38,15 @@ def all_op_names() -> List[str]:
     ``torch._C._dispatch_get_all_op_names``; a few ms: not for the promotion path.
     """
     return [] if _all_op_names is None else list(_all_op_names())
+
+
+def op_schema(name: str, overload: str) -> Any:
+    """The ``FunctionSchema`` of ``name.overload`` (``"aten::add_"``, ``"Tensor"``; ``""`` for the default
+    overload), looked up by name before any ``OpOverload`` exists; raises RuntimeError if there is none.
+
+    ``torch._C._get_schema``.
+    """
+    return torch._C._get_schema(name, overload)
 
 
 def schema_of(func: OpOverload) -> Any:
