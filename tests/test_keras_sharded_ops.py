@@ -5,7 +5,8 @@ projections, ``slice_update`` into a batch-sharded tensor, and reductions over a
 as Python numbers, on 2 gloo ranks against one process (values and trained weights); the same
 model on a (2, 2) ("batch", "model") mesh with keras_hub's kind of layout (weights split over both
 axes, the batch over "batch"), and the lookup of batch-split ids in such a table (values and
-gradients); on plain tensors the wrapped ops are Keras' own, bit for bit.
+gradients); attention on head-sharded operands compiled (values and gradients); on plain tensors the
+wrapped ops are Keras' own, bit for bit.
 """
 
 from __future__ import annotations
@@ -225,6 +226,56 @@ def test_lookup_of_split_ids_in_a_table_split_over_the_same_axis_equals_single_p
             assert "Partial" not in placements, (what, placements)
             if isinstance(ids_placements[0], Shard):
                 assert placements.startswith("(Shard(dim=0)"), (what, placements)
+
+
+def compiled_attention(query, key, value, mask):
+    """Keras' ``dot_product_attention`` of head-sharded query, key and value (grouped: 4 query heads, 2
+    key/value heads) with a whole boolean mask, through ``torch.compile`` (inductor, static shapes, as under
+    ``jit_compile``): the value, its placements, and the gradients of a loss weighing every element differently."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh((2,), ("model",))
+        pieces = [distribute_tensor(t, device_mesh, [Shard(2)]).requires_grad_() for t in (query, key, value)]
+        torch._dynamo.reset()
+        attention = torch.compile(lambda q, k, v, m: keras.ops.dot_product_attention(q, k, v, mask=m, scale=0.3),
+                                  dynamic=False)
+        out = attention(*pieces, mask)
+        weights = torch.arange(out.numel(), dtype=torch.float32).reshape(out.shape) / out.numel()
+        (out * weights).sum().backward()
+        return out.detach().full_tensor(), str(tuple(out.placements)), [t.grad.full_tensor() for t in pieces]
+    finally:
+        keras_integration.uninstall()
+
+
+def test_compiled_attention_on_head_sharded_operands_equals_single_process():
+    """Compiled, attention still runs on each rank's heads: the local pieces were taken with
+    ``hasattr(piece, "to_local")``, which TorchDynamo answers False for a DTensor
+    (``repros/torch_dynamo_hasattr_dtensor.py``), so Keras' attention ran on whole DTensors and AOTAutograd
+    failed replaying its transposed inputs ("as_strided not supported with DTensor": keras_hub's Llama3 and Qwen
+    under ``jit_compile``)."""
+    import torch
+
+    torch.manual_seed(0)
+    query, key, value = torch.randn(4, LENGTH, 4, DEPTH), torch.randn(4, LENGTH, 2, DEPTH), torch.randn(4, LENGTH, 2, DEPTH)
+    mask = torch.tril(torch.ones(LENGTH, LENGTH, dtype=torch.bool)).expand(4, 1, LENGTH, LENGTH).clone()
+    leaves = [t.clone().requires_grad_() for t in (query, key, value)]
+    repeated = [t.transpose(1, 2).repeat_interleave(2, dim=1) for t in leaves[1:]]
+    expected = torch.nn.functional.scaled_dot_product_attention(leaves[0].transpose(1, 2), *repeated, attn_mask=mask,
+                                                                scale=0.3).transpose(1, 2)
+    weights = torch.arange(expected.numel(), dtype=torch.float32).reshape(expected.shape) / expected.numel()
+    (expected * weights).sum().backward()
+    for out, placements, grads in run_on_ranks(compiled_attention, query, key, value, mask, world_size=2, timeout=300):
+        assert placements == "(Shard(dim=2),)", placements
+        torch.testing.assert_close(out, expected.detach())
+        for grad, leaf, name in zip(grads, leaves, ("query", "key", "value")):
+            torch.testing.assert_close(grad, leaf.grad, msg=lambda m: f"{name} gradient: {m}")
 
 
 def arg_reductions_2d(logits):
