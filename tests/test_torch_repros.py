@@ -18,6 +18,7 @@ from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
 
 import torch_argmax_2d  # noqa: E402
+import torch_compile_mutated_dtensor_input  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 
@@ -54,4 +55,14 @@ def test_argmax_over_a_dim_split_on_a_2d_mesh_with_one_row_per_rank():
                           "tracing; worked around in the Keras attention (isinstance instead)")
 def test_hasattr_of_a_dtensor_method_under_torch_compile():
     _run_repro(torch_dynamo_hasattr_dtensor.repro, "AssertionError", "hasattr/isinstance compiled (False, True)",
+               world_size=2)
+
+
+# seen on 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: AOTAutograd gives a DTensor input modified in place under "
+                          "torch.compile a plain tangent (and miscounts its forward outputs); keras_hub Gemma under "
+                          "jit_compile=True fails through it (not worked around)")
+def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
+    _run_repro(torch_compile_mutated_dtensor_input.repro, "RuntimeError", "got mixed torch.Tensor and DTensor",
                world_size=2)
