@@ -338,6 +338,8 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.einsum("btd,dk->btk", q.reshape(2, LENGTH, -1), table[:8].T)),
                 ops.convert_to_numpy(ops.einsum("ij,jk", table[:4, :4].astype("int8"), table[:4, :4].astype("int8"))),
                 ops.convert_to_numpy(ops.einsum("...d,d->...", q, q[0, 0, 0])),
+                ops.convert_to_numpy(ops.cast(1 / np.sqrt(8), "float32")),  # NumPy scalar (compile.py's cast)
+                ops.convert_to_numpy(ops.cast(table, "float16")),
                 ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
 
     from keras.src.layers.layer import Layer
@@ -361,3 +363,31 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
             keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax) == functions
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)
+
+
+def test_cast_of_a_numpy_value_compiles_into_one_graph():
+    """keras_hub Gemma's ``q *= ops.cast(1 / np.sqrt(head_dim), q.dtype)``: Keras' cast of a NumPy value broke
+    TorchDynamo's graph (it reads the traced array's dtype), and the break left ``q`` a graph input modified in
+    place, which torch's AOTAutograd gets wrong for a DTensor (repros/torch_compile_mutated_dtensor_input.py).
+    With the integration it traces in one graph, to the same value."""
+    import torch
+    from keras import ops
+
+    from keras_dtensor_mixfix import keras_integration
+
+    def normalized(q):
+        q = q * 1
+        q *= ops.cast(1 / np.sqrt(8), dtype=q.dtype)
+        return q
+
+    q = torch.randn(2, 3)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):  # Keras alone: the graph break
+        torch.compile(normalized, backend="eager", fullgraph=True)(q)
+    assert keras_integration.install()
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(normalized, backend="eager", fullgraph=True)(q)
+    finally:
+        keras_integration.uninstall()
+    torch.testing.assert_close(compiled, normalized(q), rtol=0, atol=0)
