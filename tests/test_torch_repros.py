@@ -61,8 +61,8 @@ def test_hasattr_of_a_dtensor_method_under_torch_compile():
 # seen on 2.13.0 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: AOTAutograd gives a DTensor input modified in place under "
-                          "torch.compile a plain tangent (and miscounts its forward outputs); keras_hub Gemma under "
-                          "jit_compile=True fails through it (not worked around)")
+                          "torch.compile a plain tangent (and miscounts its forward outputs); keras_hub Gemma met it "
+                          "after a graph break, avoided by tracing Keras' cast of a NumPy value")
 def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
     _run_repro(torch_compile_mutated_dtensor_input.repro, "RuntimeError", "got mixed torch.Tensor and DTensor",
                world_size=2)
