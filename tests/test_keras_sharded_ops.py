@@ -263,7 +263,8 @@ def test_compiled_attention_on_head_sharded_operands_equals_single_process():
     import torch
 
     torch.manual_seed(0)
-    query, key, value = torch.randn(4, LENGTH, 4, DEPTH), torch.randn(4, LENGTH, 2, DEPTH), torch.randn(4, LENGTH, 2, DEPTH)
+    query = torch.randn(4, LENGTH, 4, DEPTH)
+    key, value = torch.randn(4, LENGTH, 2, DEPTH), torch.randn(4, LENGTH, 2, DEPTH)
     mask = torch.tril(torch.ones(LENGTH, LENGTH, dtype=torch.bool)).expand(4, 1, LENGTH, LENGTH).clone()
     leaves = [t.clone().requires_grad_() for t in (query, key, value)]
     repeated = [t.transpose(1, 2).repeat_interleave(2, dim=1) for t in leaves[1:]]
