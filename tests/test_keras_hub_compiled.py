@@ -6,7 +6,7 @@ Each model (``tests/test_keras_hub.py``'s tiny config, one layer) is built twice
 (float32, rtol 1e-5: inductor fuses and reorders the same sums).
 
 Slow: Keras' layers break TorchDynamo's graph in many places, so the first compiled step takes minutes
-(Qwen, one layer: about 4 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
+(both cases: 17 minutes on a shared 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
 
     MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/test_keras_hub_compiled.py
 """
