@@ -33,6 +33,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "keras: the Keras integration (tests/test_keras*.py); CI runs them on the newest "
                                        "torch and on 2.13.0, not on the oldest")
     config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
+    config.addinivalue_line("markers", "slow: minutes per test (compiled keras_hub models); skipped unless "
+                                       "MIXFIX_TEST_SLOW=1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,15 +2,19 @@
 
 Keras' einsum of a whole activation and a Keras variable split along the hidden dim (keras_hub
 Llama's query kernel) on 2 gloo ranks: the result is split along the heads (no partial sum to
-reduce), and its value and both gradients equal one process's.
+reduce), and its value and both gradients equal one process's; eager, and compiled in one graph (under
+``jit_compile`` the re-split was skipped, so compiled attention got every head and the output projection's
+einsum went to DTensor, whose sharding propagation failed on a strided shard: keras_hub Qwen and Llama3).
 """
 
 from __future__ import annotations
 
+import pytest
+
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 
-def projection(x, kernel, kernel_placements):
+def projection(x, kernel, kernel_placements, compiled=False):
     import keras
     import torch
     from torch.distributed.tensor import Replicate, distribute_tensor
@@ -23,7 +27,11 @@ def projection(x, kernel, kernel_placements):
         device_mesh = mesh((1, 2), ("batch", "model"))
         weight = torch.nn.Parameter(distribute_tensor(kernel, device_mesh, list(kernel_placements)))
         x_leaf = distribute_tensor(x, device_mesh, [Replicate(), Replicate()]).requires_grad_()
-        out = keras.ops.einsum("btd,dnh->btnh", x_leaf, weight)
+        einsum = lambda a, b: keras.ops.einsum("btd,dnh->btnh", a, b)  # noqa: E731
+        if compiled:
+            torch._dynamo.reset()
+            einsum = torch.compile(einsum, dynamic=False, fullgraph=True)  # no graph break in the wrappers
+        out = einsum(x_leaf, weight)
         placements = str(tuple(out.placements))
         scale = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)
         (out * scale).sum().backward()
@@ -33,7 +41,8 @@ def projection(x, kernel, kernel_placements):
         keras_integration.uninstall()
 
 
-def test_hidden_split_query_kernel_is_split_by_heads_and_equals_single_process():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_hidden_split_query_kernel_is_split_by_heads_and_equals_single_process(compiled):
     import torch
     from torch.distributed.tensor import Shard
 
@@ -43,7 +52,7 @@ def test_hidden_split_query_kernel_is_split_by_heads_and_equals_single_process()
     out = torch.einsum("btd,dnh->btnh", reference_x, reference_kernel)
     (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
     # keras_hub's layout on a (1, 2) mesh: the heads over "batch" (size 1), the hidden dim over "model"
-    for result in run_on_ranks(projection, x, kernel, (Shard(1), Shard(0)), world_size=2, timeout=300):
+    for result in run_on_ranks(projection, x, kernel, (Shard(1), Shard(0)), compiled, world_size=2, timeout=300):
         assert result["placements"] == "(Replicate(), Shard(dim=2))", result["placements"]  # the heads, no Partial
         torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-6)

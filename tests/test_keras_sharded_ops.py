@@ -5,7 +5,8 @@ projections, ``slice_update`` into a batch-sharded tensor, and reductions over a
 as Python numbers, on 2 gloo ranks against one process (values and trained weights); the same
 model on a (2, 2) ("batch", "model") mesh with keras_hub's kind of layout (weights split over both
 axes, the batch over "batch"), and the lookup of batch-split ids in such a table (values and
-gradients); on plain tensors the wrapped ops are Keras' own, bit for bit.
+gradients); attention on head-sharded operands compiled (values and gradients); on plain tensors the
+wrapped ops are Keras' own, bit for bit.
 """
 
 from __future__ import annotations
@@ -227,6 +228,112 @@ def test_lookup_of_split_ids_in_a_table_split_over_the_same_axis_equals_single_p
                 assert placements.startswith("(Shard(dim=0)"), (what, placements)
 
 
+def compiled_attention(query, key, value, mask):
+    """Keras' ``dot_product_attention`` of head-sharded query, key and value (grouped: 4 query heads, 2
+    key/value heads) with a whole boolean mask, through ``torch.compile`` (inductor, static shapes, as under
+    ``jit_compile``): the value, its placements, and the gradients of a loss weighing every element differently."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh((2,), ("model",))
+        pieces = [distribute_tensor(t, device_mesh, [Shard(2)]).requires_grad_() for t in (query, key, value)]
+        torch._dynamo.reset()
+        attention = torch.compile(lambda q, k, v, m: keras.ops.dot_product_attention(q, k, v, mask=m, scale=0.3),
+                                  dynamic=False)
+        out = attention(*pieces, mask)
+        weights = torch.arange(out.numel(), dtype=torch.float32).reshape(out.shape) / out.numel()
+        (out * weights).sum().backward()
+        return out.detach().full_tensor(), str(tuple(out.placements)), [t.grad.full_tensor() for t in pieces]
+    finally:
+        keras_integration.uninstall()
+
+
+def test_compiled_attention_on_head_sharded_operands_equals_single_process():
+    """Compiled, attention still runs on each rank's heads: the local pieces were taken with
+    ``hasattr(piece, "to_local")``, which TorchDynamo answers False for a DTensor
+    (``repros/torch_dynamo_hasattr_dtensor.py``), so Keras' attention ran on whole DTensors and AOTAutograd
+    failed replaying its transposed inputs ("as_strided not supported with DTensor": keras_hub's Llama3 and Qwen
+    under ``jit_compile``)."""
+    import torch
+
+    torch.manual_seed(0)
+    query = torch.randn(4, LENGTH, 4, DEPTH)
+    key, value = torch.randn(4, LENGTH, 2, DEPTH), torch.randn(4, LENGTH, 2, DEPTH)
+    mask = torch.tril(torch.ones(LENGTH, LENGTH, dtype=torch.bool)).expand(4, 1, LENGTH, LENGTH).clone()
+    leaves = [t.clone().requires_grad_() for t in (query, key, value)]
+    repeated = [t.transpose(1, 2).repeat_interleave(2, dim=1) for t in leaves[1:]]
+    expected = torch.nn.functional.scaled_dot_product_attention(leaves[0].transpose(1, 2), *repeated, attn_mask=mask,
+                                                                scale=0.3).transpose(1, 2)
+    weights = torch.arange(expected.numel(), dtype=torch.float32).reshape(expected.shape) / expected.numel()
+    (expected * weights).sum().backward()
+    for out, placements, grads in run_on_ranks(compiled_attention, query, key, value, mask, world_size=2, timeout=300):
+        assert placements == "(Shard(dim=2),)", placements
+        torch.testing.assert_close(out, expected.detach())
+        for grad, leaf, name in zip(grads, leaves, ("query", "key", "value")):
+            torch.testing.assert_close(grad, leaf.grad, msg=lambda m: f"{name} gradient: {m}")
+
+
+def compiled_lookup_then_head_split_projection(table, ids, kernel):
+    """Keras' ``take`` in a vocabulary-split table, then ``einsum`` with a head-split kernel (a query projection,
+    run on local pieces: the looked-up rows' gradient arrives a partial sum), through ``torch.compile``: the
+    value and both gradients."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh((1, 2), ("batch", "model"))
+        sharded_table = torch.nn.Parameter(distribute_tensor(table, device_mesh, [Replicate(), Shard(0)]))
+        sharded_kernel = torch.nn.Parameter(distribute_tensor(kernel, device_mesh, [Replicate(), Shard(1)]))
+        whole_ids = distribute_tensor(ids, device_mesh, [Replicate(), Replicate()])
+        torch._dynamo.reset()
+        step = torch.compile(lambda t, i, k: keras.ops.einsum("btd,dnh->btnh", keras.ops.take(t, i, axis=0), k),
+                             backend="aot_eager", fullgraph=True, dynamic=False)
+        out = step(sharded_table, whole_ids, sharded_kernel)
+        weights = torch.arange(out.numel(), dtype=torch.float32).reshape(out.shape) / out.numel()
+        (out * weights).sum().backward()
+        return out.detach().full_tensor(), sharded_table.grad.full_tensor(), sharded_kernel.grad.full_tensor()
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21, open: compiled, the lookup's masked partial is settled with "
+                                      "DTensor's own redistribution, whose backward cannot take a partial-sum "
+                                      "gradient to a masked partial (keras_hub Gemma under jit_compile)")
+def test_compiled_lookup_whose_gradient_arrives_a_partial_sum_equals_single_process():
+    """Compiled, the lookup's masked partial is settled with DTensor's own redistribution, whose backward
+    cannot take a partial-sum gradient to a masked partial ("Redistribution from one partial type (P(sum)) to
+    another (MaskP(...)) is unsupported": keras_hub Gemma under ``jit_compile``, its embedding meeting the
+    head-split query kernel). In eager ``SettleMaskPartial`` reduces that gradient first; a traced Function that
+    reduces a partial-sum gradient after the redistribution (reductions' layer-output boundary) was tried and
+    the error stayed, likely because a traced Function's backward is specialised on a tangent with the
+    forward's placements (commit 70c7134 saw AOTAutograd do so). Likely way out: while compiling, look up on the local
+    vocabulary piece and wrap the result as a plain ``Partial`` sum, which needs no masked partial at all."""
+    import torch
+
+    torch.manual_seed(0)
+    table, ids, kernel = torch.randn(VOCAB, 8), torch.randint(0, VOCAB, (2, LENGTH)), torch.randn(8, 4, 3)
+    leaves = [table.clone().requires_grad_(), kernel.clone().requires_grad_()]
+    expected = torch.einsum("btd,dnh->btnh", torch.nn.functional.embedding(ids, leaves[0]), leaves[1])
+    weights = torch.arange(expected.numel(), dtype=torch.float32).reshape(expected.shape) / expected.numel()
+    (expected * weights).sum().backward()
+    for out, table_grad, kernel_grad in run_on_ranks(compiled_lookup_then_head_split_projection, table, ids, kernel,
+                                                     world_size=2, timeout=300):
+        torch.testing.assert_close(out, expected.detach())
+        torch.testing.assert_close(table_grad, leaves[0].grad, msg=lambda m: f"table gradient: {m}")
+        torch.testing.assert_close(kernel_grad, leaves[1].grad, msg=lambda m: f"kernel gradient: {m}")
+
+
 def arg_reductions_2d(logits):
     """Keras' argmax and argmin of logits split by rows over "batch" (one row per rank) and by vocabulary over
     "model" on a (2, 2) mesh (torch's own fails: repros/torch_argmax_2d.py)."""
@@ -287,6 +394,8 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.einsum("btd,dk->btk", q.reshape(2, LENGTH, -1), table[:8].T)),
                 ops.convert_to_numpy(ops.einsum("ij,jk", table[:4, :4].astype("int8"), table[:4, :4].astype("int8"))),
                 ops.convert_to_numpy(ops.einsum("...d,d->...", q, q[0, 0, 0])),
+                ops.convert_to_numpy(ops.cast(1 / np.sqrt(8), "float32")),  # NumPy scalar (compile.py's cast)
+                ops.convert_to_numpy(ops.cast(table, "float16")),
                 ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
 
     from keras.src.layers.layer import Layer
@@ -310,3 +419,31 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
             keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax) == functions
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)
+
+
+def test_cast_of_a_numpy_value_compiles_into_one_graph():
+    """keras_hub Gemma's ``q *= ops.cast(1 / np.sqrt(head_dim), q.dtype)``: Keras' cast of a NumPy value broke
+    TorchDynamo's graph (it reads the traced array's dtype), and the break left ``q`` a graph input modified in
+    place, which torch's AOTAutograd gets wrong for a DTensor (repros/torch_compile_mutated_dtensor_input.py).
+    With the integration it traces in one graph, to the same value."""
+    import torch
+    from keras import ops
+
+    from keras_dtensor_mixfix import keras_integration
+
+    def normalized(q):
+        q = q * 1
+        q *= ops.cast(1 / np.sqrt(8), dtype=q.dtype)
+        return q
+
+    q = torch.randn(2, 3)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):  # Keras alone: the graph break
+        torch.compile(normalized, backend="eager", fullgraph=True)(q)
+    assert keras_integration.install()
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(normalized, backend="eager", fullgraph=True)(q)
+    finally:
+        keras_integration.uninstall()
+    torch.testing.assert_close(compiled, normalized(q), rtol=0, atol=0)

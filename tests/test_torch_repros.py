@@ -18,13 +18,16 @@ from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
 
 import torch_argmax_2d  # noqa: E402
+import torch_compile_mutated_dtensor_input  # noqa: E402
+import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 
 
-def _run_repro(repro, *expected):
-    """Run ``repro`` on 4 ranks; a failure must be the torch bug it shows (every ``expected`` text in it)."""
+def _run_repro(repro, *expected, world_size=4):
+    """Run ``repro`` on ``world_size`` ranks; a failure must be the torch bug it shows (every ``expected`` text
+    in it)."""
     try:
-        run_on_ranks(repro, world_size=4, timeout=300)
+        run_on_ranks(repro, world_size=world_size, timeout=300)
     except RankError as error:
         assert all(text in str(error) for text in expected), error
         raise
@@ -44,3 +47,22 @@ def test_embedding_with_ids_split_on_the_tables_other_mesh_axis():
                           "rank, fails reshaping the gathered pieces; worked around in the Keras argmax/argmin")
 def test_argmax_over_a_dim_split_on_a_2d_mesh_with_one_row_per_rank():
     _run_repro(torch_argmax_2d.repro, "RuntimeError", "is invalid for input of size")
+
+
+# seen on 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: TorchDynamo answers hasattr(dtensor, 'to_local') False while "
+                          "tracing; worked around in the Keras attention (isinstance instead)")
+def test_hasattr_of_a_dtensor_method_under_torch_compile():
+    _run_repro(torch_dynamo_hasattr_dtensor.repro, "AssertionError", "hasattr/isinstance compiled (False, True)",
+               world_size=2)
+
+
+# seen on 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: AOTAutograd gives a DTensor input modified in place under "
+                          "torch.compile a plain tangent (and miscounts its forward outputs); keras_hub Gemma met it "
+                          "after a graph break, avoided by tracing Keras' cast of a NumPy value")
+def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
+    _run_repro(torch_compile_mutated_dtensor_input.repro, "RuntimeError", "got mixed torch.Tensor and DTensor",
+               world_size=2)

@@ -20,9 +20,12 @@ from typing import Any, Callable
 
 from . import keras_modules, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
 
 
 def install(patches: PatchRecorder) -> None:
+    core = keras_modules.core()
+    rebind_everywhere(patches, core.cast, _traceable_cast(core.cast))
     trainer_class = keras_modules.trainer_class()
     if keras_modules.native_promotion_mode():
         original_use = trainer_class._use_torch_compile
@@ -43,6 +46,31 @@ def install(patches: PatchRecorder) -> None:
         return _compiled_train_step(self, data)
 
     patches.set(trainer_class, "train_step", train_step)
+
+
+def _traceable_cast(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras' ``cast``, given a NumPy value as a torch tensor first while TorchDynamo traces.
+
+    TorchDynamo traces NumPy values as arrays, and Keras' ``convert_to_tensor`` reads ``x.dtype`` of one,
+    which it cannot trace: a graph break. keras_hub Gemma's attention casts a NumPy scalar
+    (``q *= ops.cast(1 / np.sqrt(head_dim), q.dtype)``), and the break there made ``q`` an input of the
+    resumed graph, modified in place, which torch's AOTAutograd gets wrong for a DTensor
+    (``repros/torch_compile_mutated_dtensor_input.py``). Same values: ``cast`` converts to the dtype it is
+    given either way, on the device Keras would put the tensor on; in eager nothing changes.
+    """
+    import numpy as np
+    import torch
+
+    get_device = keras_modules.core().get_device
+
+    @functools.wraps(original)
+    def cast(x: Any, dtype: Any) -> Any:
+        if isinstance(x, (np.ndarray, np.generic)) and torch.compiler.is_compiling():
+            # Keras' own conversion places the tensor on its device; a CPU tensor would stay on the CPU
+            x = torch.as_tensor(x, device=get_device())
+        return original(x, dtype)
+
+    return cast
 
 
 def static_shapes(trainer: Any) -> bool:

@@ -17,6 +17,10 @@ kernel (a layer's weight) is smaller than the result whose reduction it replaces
 kernel's first output label in its own dim order (the heads of ``(hidden, heads, head_dim)``), where
 that label is not split already and divides evenly.
 
+The same runs while ``torch.compile`` traces (Keras' ``jit_compile``): skipped there, the compiled step
+took another path than eager (attention on every head, then an output projection DTensor failed to
+propagate under fake tensors: keras_hub Qwen and Llama3).
+
 Applied only on a mesh dim where exactly one operand is split, along a label the output lacks, and
 every other operand is whole; anything else is passed on unchanged to the einsum below
 (``local_einsum``, then Keras'). Values are the same (the contraction is merely done elsewhere).
@@ -25,7 +29,6 @@ every other operand is whole; anything else is passed on unchanged to the einsum
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Sequence
 
 from . import keras_modules
@@ -54,7 +57,7 @@ def resplit_kernel(subscripts: Any, operands: Sequence[Any]) -> Sequence[Any]:
     import torch
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    if len(operands) != 2 or not isinstance(subscripts, str) or torch.compiler.is_compiling():
+    if len(operands) != 2 or not isinstance(subscripts, str):
         return operands
     tensors = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
     if not all(isinstance(t, DTensor) for t in tensors) or tensors[0].device_mesh != tensors[1].device_mesh:
@@ -105,4 +108,9 @@ def _output_numel(inputs: Sequence[str], output: str, shapes: Sequence[Any]) -> 
     sizes = label_sizes(inputs, shapes)
     if sizes is None:
         return None
-    return math.prod(max(sizes[label]) for label in output)  # a size-1 dim broadcasts
+    # a loop, not math.prod over a generator: TorchDynamo (torch 2.13) cannot pass a generator to math.prod,
+    # and a graph break here, under Keras' name_scope, threw the whole layer call out of the graph
+    numel = 1
+    for label in output:
+        numel *= max(sizes[label])  # a size-1 dim broadcasts
+    return numel

@@ -269,7 +269,7 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
     """This rank's piece of ``tensor`` under ``placements`` (dims mapped through ``dims``; a dim of
     size 1, or one the tensor lacks, broadcasts and stays whole); differentiable."""
     import torch
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     from .layouts import TorchLayout, relayout
 
@@ -285,4 +285,6 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
                 continue
         own.append(Replicate())
     piece = relayout(tensor, TorchLayout(mesh, tuple(own)))
-    return piece.to_local() if hasattr(piece, "to_local") else piece
+    # isinstance, not hasattr(piece, "to_local"): TorchDynamo (torch 2.13) answers that hasattr False for a
+    # DTensor, so under jit_compile the pieces stayed whole DTensors and Keras' attention ran on them
+    return piece.to_local() if isinstance(piece, DTensor) else piece
