@@ -181,11 +181,11 @@ EXIT_ABORT = "terminate called without an active exception"
 def _run_past_exit_aborts(command: List[str], **kwargs: Any) -> "subprocess.CompletedProcess[str]":
     """``subprocess.run(command)``, run again (twice at most) when a rank aborted at exit with ``EXIT_ABORT``:
     torch's flake, not the block's; any other failure is returned at once."""
-    for _ in range(2):
+    for _ in range(3):
         result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, **kwargs)
         if result.returncode == 0 or EXIT_ABORT not in result.stderr:
-            return result
-    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, **kwargs)
+            break
+    return result
 
 
 def _user_environment(extra_path: Optional[pathlib.Path] = None) -> Dict[str, str]:
