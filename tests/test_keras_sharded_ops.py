@@ -11,6 +11,7 @@ wrapped ops are Keras' own, bit for bit.
 
 from __future__ import annotations
 
+import math
 import numpy as np
 import pytest
 
@@ -279,27 +280,28 @@ def test_compiled_attention_on_head_sharded_operands_equals_single_process():
             torch.testing.assert_close(grad, leaf.grad, msg=lambda m: f"{name} gradient: {m}")
 
 
-def compiled_lookup_then_head_split_projection(table, ids, kernel):
+def compiled_lookup_then_head_split_projection(table, ids, kernel, mesh_shape, layouts):
     """Keras' ``take`` in a vocabulary-split table, then ``einsum`` with a head-split kernel (a query projection,
     run on local pieces: the looked-up rows' gradient arrives a partial sum), through ``torch.compile``: the
-    value and both gradients."""
+    value and both gradients. ``layouts``: the table's, the ids' and the kernel's placements."""
     import keras
     import torch
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import distribute_tensor
 
     from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
     assert keras_integration.install()
     try:
-        device_mesh = mesh((1, 2), ("batch", "model"))
-        sharded_table = torch.nn.Parameter(distribute_tensor(table, device_mesh, [Replicate(), Shard(0)]))
-        sharded_kernel = torch.nn.Parameter(distribute_tensor(kernel, device_mesh, [Replicate(), Shard(1)]))
-        whole_ids = distribute_tensor(ids, device_mesh, [Replicate(), Replicate()])
+        device_mesh = mesh(mesh_shape, ("batch", "model"))
+        table_layout, ids_layout, kernel_layout = layouts
+        sharded_table = torch.nn.Parameter(distribute_tensor(table, device_mesh, table_layout))
+        sharded_kernel = torch.nn.Parameter(distribute_tensor(kernel, device_mesh, kernel_layout))
+        sharded_ids = distribute_tensor(ids, device_mesh, ids_layout)
         torch._dynamo.reset()
         step = torch.compile(lambda t, i, k: keras.ops.einsum("btd,dnh->btnh", keras.ops.take(t, i, axis=0), k),
                              backend="aot_eager", fullgraph=True, dynamic=False)
-        out = step(sharded_table, whole_ids, sharded_kernel)
+        out = step(sharded_table, sharded_ids, sharded_kernel)
         weights = torch.arange(out.numel(), dtype=torch.float32).reshape(out.shape) / out.numel()
         (out * weights).sum().backward()
         return out.detach().full_tensor(), sharded_table.grad.full_tensor(), sharded_kernel.grad.full_tensor()
@@ -307,28 +309,30 @@ def compiled_lookup_then_head_split_projection(table, ids, kernel):
         keras_integration.uninstall()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21, open: compiled, the lookup's masked partial is settled with "
-                                      "DTensor's own redistribution, whose backward cannot take a partial-sum "
-                                      "gradient to a masked partial (keras_hub Gemma under jit_compile)")
-def test_compiled_lookup_whose_gradient_arrives_a_partial_sum_equals_single_process():
-    """Compiled, the lookup's masked partial is settled with DTensor's own redistribution, whose backward
-    cannot take a partial-sum gradient to a masked partial ("Redistribution from one partial type (P(sum)) to
-    another (MaskP(...)) is unsupported": keras_hub Gemma under ``jit_compile``, its embedding meeting the
-    head-split query kernel). In eager ``SettleMaskPartial`` reduces that gradient first; a traced Function that
-    reduces a partial-sum gradient after the redistribution (reductions' layer-output boundary) was tried and
-    the error stayed, likely because a traced Function's backward is specialised on a tangent with the
-    forward's placements (commit 70c7134 saw AOTAutograd do so). Likely way out: while compiling, look up on the local
-    vocabulary piece and wrap the result as a plain ``Partial`` sum, which needs no masked partial at all."""
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
+def test_compiled_lookup_whose_gradient_arrives_a_partial_sum_equals_single_process(mesh_shape):
+    """Compiled, the lookup runs on this rank's vocabulary piece and its result is a plain partial sum, so a
+    partial-sum gradient (keras_hub Gemma under ``jit_compile``: its embedding meets the head-split query kernel)
+    reaches the table without DTensor's masked partial, whose redistribution cannot take it ("Redistribution from
+    one partial type (P(sum)) to another (MaskP(...)) is unsupported")."""
     import torch
 
+    from torch.distributed.tensor import Replicate, Shard
+
     torch.manual_seed(0)
-    table, ids, kernel = torch.randn(VOCAB, 8), torch.randint(0, VOCAB, (2, LENGTH)), torch.randn(8, 4, 3)
+    if mesh_shape == (1, 2):
+        vocabulary, layouts = VOCAB, ([Replicate(), Shard(0)], [Replicate(), Replicate()], [Replicate(), Shard(1)])
+    else:  # keras_hub's (2, 2) layout: hidden dim on "batch", vocabulary on "model"; ids split by rows
+        vocabulary, layouts = VOCAB - 1, ([Shard(1), Shard(0)], [Shard(0), Replicate()], [Shard(0), Shard(1)])
+    table, ids, kernel = torch.randn(vocabulary, 8), torch.randint(0, vocabulary, (2, LENGTH)), torch.randn(8, 4, 3)
+    ids[0, :3] = torch.tensor([vocabulary - 1, -1, -vocabulary])  # the last (short) piece's rows; Keras' negatives
     leaves = [table.clone().requires_grad_(), kernel.clone().requires_grad_()]
-    expected = torch.einsum("btd,dnh->btnh", torch.nn.functional.embedding(ids, leaves[0]), leaves[1])
+    expected = torch.einsum("btd,dnh->btnh", torch.nn.functional.embedding(ids % vocabulary, leaves[0]), leaves[1])
     weights = torch.arange(expected.numel(), dtype=torch.float32).reshape(expected.shape) / expected.numel()
     (expected * weights).sum().backward()
     for out, table_grad, kernel_grad in run_on_ranks(compiled_lookup_then_head_split_projection, table, ids, kernel,
-                                                     world_size=2, timeout=300):
+                                                     mesh_shape, layouts, world_size=math.prod(mesh_shape),
+                                                     timeout=300):
         torch.testing.assert_close(out, expected.detach())
         torch.testing.assert_close(table_grad, leaves[0].grad, msg=lambda m: f"table gradient: {m}")
         torch.testing.assert_close(kernel_grad, leaves[1].grad, msg=lambda m: f"kernel gradient: {m}")

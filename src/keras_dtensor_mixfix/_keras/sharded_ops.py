@@ -72,8 +72,12 @@ def _settled_take(original: Any, convert_to_tensor: Any) -> Any:
     # call out of the graph
     @functools.wraps(original)
     def take(x: Any, indices: Any, axis: Any = None) -> Any:
-        return settle_mask_partial(original(whole_where_indices_split(x, indices, convert_to_tensor), indices,
-                                            axis=axis))
+        table = whole_where_indices_split(x, indices, convert_to_tensor)
+        if axis == 0:
+            looked_up = lookup_on_local_vocabulary(table, indices)
+            if looked_up is not None:
+                return looked_up
+        return settle_mask_partial(original(table, indices, axis=axis))
 
     return take
 
@@ -104,6 +108,76 @@ def whole_where_indices_split(table: Any, indices: Any, convert_to_tensor: Any) 
     if wanted == tuple(table.placements):
         return table
     return table.redistribute(table.device_mesh, wanted)
+
+
+def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
+    """While compiling, the rows of a vocabulary-split 2-D ``table`` at ``indices``, looked up on this
+    rank's piece; ``None`` where this does not apply (eager, or another layout).
+
+    Eager, DTensor's lookup gives a ``_MaskPartial`` result, which ``SettleMaskPartial`` reduces and
+    whose backward reduces a partial-sum gradient first. Traced, that Function's backward does not
+    run as written, and DTensor's own redistribution cannot take a ``Partial`` gradient (the lookup
+    meeting a head-split projection, keras_hub Gemma) to the masked partial: "Redistribution from
+    one partial type ... is unsupported". So no masked partial is made: each rank looks up the ids
+    that fall in its piece (zeros elsewhere) and the result is a plain ``Partial`` sum, reduced at
+    once as eager reduces it; ``from_local`` takes a ``Partial`` gradient to ``Replicate`` first.
+    The same values: every other rank adds exact zeros.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    if not torch.compiler.is_compiling() or not isinstance(table, DTensor) or table.ndim != 2:
+        return None
+    mesh = table.device_mesh
+    vocabulary_dims = [i for i, p in enumerate(table.placements) if type(p) is Shard and p.dim == 0]
+    if len(vocabulary_dims) != 1:  # one split of the vocabulary: this rank's rows are one range
+        return None
+    if isinstance(indices, DTensor):
+        if indices.device_mesh != mesh:
+            return None
+        ids_placements = tuple(indices.placements)
+        local_ids = indices.to_local()
+    else:
+        ids_placements = (Replicate(),) * mesh.ndim
+        local_ids = indices
+    # the result's placements, and the table gradient's: where the ids are split by rows, each rank's
+    # rows add their share of the table's gradient, a partial sum over that mesh dim
+    placements, gradient_placements = [], list(table.placements)
+    for mesh_dim, (own, theirs) in enumerate(zip(table.placements, ids_placements)):
+        if mesh_dim in vocabulary_dims and isinstance(theirs, Replicate):
+            placements.append(Partial())
+        elif isinstance(own, Replicate) and type(theirs) is Shard:
+            placements.append(theirs)
+            gradient_placements[mesh_dim] = Partial()
+        elif type(own) is Shard and own.dim == 1 and isinstance(theirs, Replicate):
+            placements.append(Shard(local_ids.ndim))
+        elif isinstance(own, Replicate) and isinstance(theirs, Replicate):
+            placements.append(Replicate())
+        else:
+            return None
+    vocabulary = table.shape[0]
+    pieces = mesh.size(vocabulary_dims[0])
+    row_count = -(-vocabulary // pieces)  # torch.chunk's split: full pieces, then what is left
+    start = min(mesh.get_local_rank(vocabulary_dims[0]) * row_count, vocabulary)
+    local_table = table.to_local(grad_placements=gradient_placements)
+    local_ids = local_ids.long()
+    local_ids = torch.where(local_ids < 0, local_ids + vocabulary, local_ids)  # Keras' take: "fill" mode
+    here = (local_ids >= start) & (local_ids < start + local_table.shape[0])
+    rows = torch.nn.functional.embedding(torch.where(here, local_ids - start, 0), local_table)
+    rows = torch.where(here.unsqueeze(-1), rows, 0)
+    looked_up = DTensor.from_local(rows, mesh, placements, run_check=False,
+                                   shape=torch.Size((*indices.shape, table.shape[1])),
+                                   stride=_contiguous_strides((*indices.shape, table.shape[1])))
+    settled = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    return looked_up.redistribute(mesh, settled)
+
+
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def settle_mask_partial(value: Any) -> Any:
