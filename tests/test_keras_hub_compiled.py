@@ -6,7 +6,7 @@ Each model (``tests/test_keras_hub.py``'s tiny config, one layer) is built twice
 (float32, rtol 1e-5: inductor fuses and reorders the same sums).
 
 Slow: Keras' layers break TorchDynamo's graph in many places, so the first compiled step takes minutes
-(both cases: 17 minutes on a shared 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
+(Qwen and Llama3: 17 minutes on a shared 2-core machine, Gemma 4.5). Skipped unless ``MIXFIX_TEST_SLOW=1``:
 
     MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/test_keras_hub_compiled.py
 """
@@ -79,7 +79,7 @@ def eager_and_compiled(name):
     return out
 
 
-@pytest.mark.parametrize("name", ["qwen", "llama3"])
+@pytest.mark.parametrize("name", ["gemma", "qwen", "llama3"])
 def test_compiled_causal_lm_equals_eager_sharded_run(name):
     for rank, out in enumerate(run_on_ranks(eager_and_compiled, name, world_size=2, timeout=1500)):
         assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
