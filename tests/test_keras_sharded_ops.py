@@ -368,6 +368,53 @@ def test_argmax_over_a_dim_split_on_a_2d_mesh_equals_single_process():
                                            msg=lambda m: f"{name} axis {axis}: {m}")
 
 
+def compiled_arg_reductions(logits, mesh_shape, layout):
+    """Keras' argmax and argmin over vocabulary-split logits inside ``torch.compile(fullgraph=True)``
+    (a metric's accuracy in a compiled step): every axis, with and without ``keepdims``."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        split = distribute_tensor(logits, mesh(mesh_shape, ("batch", "model")), layout)
+        torch._dynamo.reset()
+
+        def reductions(x):
+            return {(name, axis, keepdims): getattr(keras.ops, name)(x, axis=axis, keepdims=keepdims)
+                    for name in ("argmax", "argmin") for axis in (-1, 1) for keepdims in (False, True)}
+
+        results = torch.compile(reductions, backend="aot_eager", fullgraph=True, dynamic=False)(split)
+        return {key: (value.full_tensor(), str(value.dtype)) for key, value in results.items()}
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
+def test_compiled_argmax_over_vocabulary_split_logits_equals_single_process(mesh_shape):
+    """Compiled, the winner of each piece is gathered instead of DTensor's handler, whose data-dependent read
+    of the piece's offset breaks the graph (``fullgraph=True`` fails on it); ties go to the first index, NaN
+    wins, an uneven last piece counts."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 8, VOCAB - 1)
+    logits[0, 0, [3, 20]] = 9.0  # a tie across the two vocabulary pieces: the first index wins
+    logits[0, 1, [5, 25]] = -9.0
+    logits[1, 2, 22] = float("nan")
+    layout = [Replicate(), Shard(2)] if mesh_shape == (1, 2) else [Shard(0), Shard(2)]
+    for result in run_on_ranks(compiled_arg_reductions, logits, mesh_shape, layout,
+                               world_size=math.prod(mesh_shape), timeout=300):
+        for (name, axis, keepdims), (value, dtype) in result.items():
+            expected = getattr(torch, name)(logits, dim=axis, keepdim=keepdims)
+            assert dtype == "torch.int32", (name, axis, keepdims)
+            torch.testing.assert_close(value, expected.to(torch.int32), msg=lambda m: f"{name} {axis} {keepdims}: {m}")
+
+
 def test_wrapped_ops_are_keras_own_on_plain_tensors():
     import torch
     from keras import ops

@@ -95,20 +95,36 @@ def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, for
         torch.compile = real_compile  # type: ignore[assignment]
 
 
+def _eagerly(function: Callable[[], Any]) -> Any:
+    """``function()`` outside TorchDynamo (a graph break where the step calls it):
+
+    - ``zero_grad``: traced, it guards on every gradient being None, which holds in the first step only,
+      so the second step compiled the whole step again (a minute for a one-layer keras_hub model);
+    - ``backward``: the compiled backward's Python wrapper rebuilds each DTensor gradient with
+      ``DTensor.__tensor_unflatten__``, and while the step's frame is being compiled TorchDynamo took
+      that function for a frame of its own to compile, once per gradient shape and placement (until
+      its recompile limit), each time breaking its graph at ``DTensor(...)``.
+    """
+    import torch
+
+    return torch.compiler.disable(function)()
+
+
 def _compiled_train_step(trainer: Any, data: Any) -> Any:
     """Keras 3.15.1's torch train step, with predictions detached before ``backward()``.
 
     Under torch.compile the step is split at ``backward()``; a DTensor prediction returned by the
     forward graph but unused by the loss's backward receives a plain zero tangent, which the
     compiled backward rejects ("Expected a DTensor tangent"). Metrics need no gradient, so the
-    predictions they see are detached first.
+    predictions they see are detached first. Clearing the gradients and the backward run eagerly
+    (:func:`_eagerly`).
     """
     import torch
 
     tree = keras_modules.tree()
     x, y, sample_weight = keras_modules.data_adapter_utils().unpack_x_y_sample_weight(data)
+    _eagerly(trainer.zero_grad)
     y_pred = trainer(x, training=True) if trainer._call_has_training_arg else trainer(x)
-    trainer.zero_grad()
     loss = trainer._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
     first_input = next(leaf for leaf in tree.flatten(x) if leaf is not None)
     trainer._loss_tracker.update_state(loss, sample_weight=first_input.shape[0])
@@ -117,7 +133,7 @@ def _compiled_train_step(trainer: Any, data: Any) -> Any:
         loss = trainer.optimizer.scale_loss(loss)
     weights = trainer.trainable_weights[:]
     if weights:
-        loss.backward()
+        _eagerly(loss.backward)
         gradients = [variable.value.grad for variable in weights]
         with torch.no_grad():
             trainer.optimizer.apply(gradients, weights)

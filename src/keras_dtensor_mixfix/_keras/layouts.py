@@ -98,3 +98,24 @@ def relayout(tensor: Any, layout: TorchLayout) -> Any:
     # A plain tensor is the same whole value on every rank: slice locally, differentiably.
     replicated = DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
     return replicated.redistribute(mesh, placements)
+
+
+def first_index_here(length: int, mesh: Any, mesh_dim: int) -> int:
+    """Where this rank's piece starts in a dim of ``length`` split by a plain ``Shard`` over ``mesh_dim``.
+
+    ``torch.chunk``'s split, as DTensor's ``Shard`` makes it: pieces of ``ceil(length / ranks)``, the
+    last ones short or empty. In Python integers: torch's own ``compute_local_shape_and_global_offset``
+    reads the offset out of a tensor (``int(offsets[0])``, torch 2.13), which breaks TorchDynamo's graph,
+    and inside Keras' ``name_scope`` such a break sends the whole frame back to be traced again.
+    """
+    piece = -(-length // mesh.size(mesh_dim))
+    return min(mesh.get_local_rank(mesh_dim) * piece, length)
+
+
+def contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (a ``from_local`` that names the global shape)."""
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(stride))

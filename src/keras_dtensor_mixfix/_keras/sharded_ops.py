@@ -126,6 +126,8 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+    from .layouts import contiguous_stride, first_index_here
+
     if not torch.compiler.is_compiling() or not isinstance(table, DTensor) or table.ndim != 2:
         return None
     mesh = table.device_mesh
@@ -156,9 +158,7 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
         else:
             return None
     vocabulary = table.shape[0]
-    pieces = mesh.size(vocabulary_dims[0])
-    row_count = -(-vocabulary // pieces)  # torch.chunk's split: full pieces, then what is left
-    start = min(mesh.get_local_rank(vocabulary_dims[0]) * row_count, vocabulary)
+    start = first_index_here(vocabulary, mesh, vocabulary_dims[0])
     local_table = table.to_local(grad_placements=gradient_placements)
     local_ids = local_ids.long()
     local_ids = torch.where(local_ids < 0, local_ids + vocabulary, local_ids)  # Keras' take: "fill" mode
@@ -167,17 +167,10 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     rows = torch.where(here.unsqueeze(-1), rows, 0)
     looked_up = DTensor.from_local(rows, mesh, placements, run_check=False,
                                    shape=torch.Size((*indices.shape, table.shape[1])),
-                                   stride=_contiguous_strides((*indices.shape, table.shape[1])))
+                                   stride=contiguous_stride((*indices.shape, table.shape[1])))
     settled = [Replicate() if isinstance(p, Partial) else p for p in placements]
     return looked_up.redistribute(mesh, settled)
 
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
 
 
 def settle_mask_partial(value: Any) -> Any:
@@ -262,11 +255,79 @@ ARG_REDUCTIONS = ("argmax", "argmin")
 
 
 def _whole_along_reduced(original: Any) -> Any:
+    largest = original.__name__ == "argmax"
+
     @functools.wraps(original)
-    def reduction(x: Any, axis: Any = None, *args: Any, **kwargs: Any) -> Any:
-        return original(whole_along(x, axis), axis, *args, **kwargs)
+    def reduction(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        found = winner_across_pieces(x, axis, keepdims, largest)
+        if found is not None:
+            return found
+        return original(whole_along(x, axis), axis, keepdims)
 
     return reduction
+
+
+def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -> Any:
+    """While compiling, ``argmax`` (``largest``) or ``argmin`` of a floating DTensor along an ``axis`` split by
+    a plain ``Shard`` over one mesh dim, as Keras' int32; ``None`` where this does not apply.
+
+    DTensor's own handler finds each piece's winner too, but reads the piece's offset out of a tensor
+    (``int(offsets[0])``): a data-dependent graph break, which inside Keras' ``name_scope`` (a metric's
+    sparse categorical accuracy over vocabulary-split logits) sends the whole frame back to be traced
+    again. Here each rank takes its piece's winner and value, both are gathered over that mesh dim (one
+    small all-gather each), and the best piece's index is kept: the first of equal values, as in one
+    process, since pieces are in index order (``NaN`` wins, as in torch).
+    """
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from .layouts import contiguous_stride, first_index_here
+
+    if (axis is None or not torch.compiler.is_compiling() or not isinstance(value, DTensor)
+            or not value.dtype.is_floating_point or value.ndim == 0):
+        return None
+    axis = axis % value.ndim
+    split = [mesh_dim for mesh_dim, p in enumerate(value.placements) if isinstance(p, Shard) and p.dim == axis]
+    if (len(split) != 1 or type(value.placements[split[0]]) is not Shard
+            or not all(isinstance(p, (Shard, Replicate)) for p in value.placements)):
+        return None
+    mesh, pieces_dim = value.device_mesh, split[0]
+    local = value.to_local().detach()
+    if local.shape[axis]:
+        best, index = (local.max if largest else local.min)(dim=axis, keepdim=True)
+    else:  # an empty last piece (uneven split): it never wins
+        shape = tuple(1 if dim == axis else size for dim, size in enumerate(local.shape))
+        best = local.new_full(shape, float("-inf") if largest else float("inf"))
+        index = torch.zeros(shape, dtype=torch.int64, device=local.device)
+    index = index + first_index_here(value.shape[axis], mesh, pieces_dim)
+    gathered = [_gathered_over(piece, value, pieces_dim, axis) for piece in (best, index)]
+    winner = (gathered[0].argmax if largest else gathered[0].argmin)(dim=axis, keepdim=True)
+    found = gathered[1].gather(axis, winner)
+    if not keepdims:
+        found = found.squeeze(axis)
+    placements = [Replicate() if mesh_dim == pieces_dim or isinstance(p, Replicate)
+                  else Shard(p.dim - (p.dim > axis and not keepdims)) for mesh_dim, p in enumerate(value.placements)]
+    shape = torch.Size(1 if dim == axis else size for dim, size in enumerate(value.shape) if keepdims or dim != axis)
+    return DTensor.from_local(found.to(torch.int32), mesh, placements, run_check=False, shape=shape,
+                              stride=contiguous_stride(shape))
+
+
+def _gathered_over(piece: Any, like: Any, mesh_dim: int, axis: int) -> Any:
+    """This rank's ``piece`` (size 1 along ``axis``) beside every other rank's over ``mesh_dim``, in rank
+    order, as a local tensor: the other mesh dims keep ``like``'s placements."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from .layouts import contiguous_stride
+
+    ranks = like.device_mesh.size(mesh_dim)
+    placements = [Shard(axis) if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
+    shape = torch.Size(ranks if dim == axis else size for dim, size in enumerate(like.shape))
+    spread = DTensor.from_local(piece, like.device_mesh, placements, run_check=False, shape=shape,
+                                stride=contiguous_stride(shape))
+    whole = [Replicate() if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
+    return spread.redistribute(like.device_mesh, whole).to_local()
+
 
 
 def whole_along(value: Any, axis: Any) -> Any:

@@ -87,7 +87,7 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from .layouts import TorchLayout, relayout
+    from .layouts import TorchLayout, contiguous_stride, first_index_here, relayout
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh = logits.device_mesh
@@ -100,15 +100,18 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
         target = target.squeeze(class_dim)
     target = relayout(target, TorchLayout(mesh, row_placements))  # this rank's rows, no gradient
     own = (target.to_local() if isinstance(target, DTensor) else target).to(torch.int64)
-    _, offsets = compute_local_shape_and_global_offset(logits.shape, mesh, logits.placements)
-    own = own - offsets[class_dim]  # the target's index among this rank's classes, if it holds it
+    if type(logits.placements[vocab_mesh_dim]) is Shard:
+        first_class = first_index_here(logits.shape[class_dim], mesh, vocab_mesh_dim)
+    else:  # a strided shard: torch's reading (a graph break when compiled)
+        first_class = compute_local_shape_and_global_offset(logits.shape, mesh, logits.placements)[1][class_dim]
+    own = own - first_class  # the target's index among this rank's classes, if it holds it
 
     def reduced_over_classes(local: Any, reduce_op: str) -> Any:
         """``local`` (this rank's rows, a value per row and trailing dims) reduced over the class pieces."""
         placements = [Partial(reduce_op) if mesh_dim == vocab_mesh_dim else p for mesh_dim, p in enumerate(row_placements)]
         shape = torch.Size(row_shape + tuple(local.shape[len(row_shape):]))
         partial = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
-                                     stride=_contiguous_stride(shape))
+                                     stride=contiguous_stride(shape))
         return partial.redistribute(mesh, row_placements).to_local()
 
     local = logits.to_local()
@@ -133,12 +136,5 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     loss = (sums[..., 0].log() - sums[..., 1]).to(local.dtype)
     shape = torch.Size(row_shape)
     return DTensor.from_local(loss, mesh, row_placements, run_check=False, shape=shape,
-                              stride=_contiguous_stride(shape))
+                              stride=contiguous_stride(shape))
 
-
-def _contiguous_stride(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(stride))
