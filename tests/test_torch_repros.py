@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import torch_argmax_2d  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
+import torch_dtensor_argmax_compiled  # noqa: E402
+import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 
@@ -66,3 +68,22 @@ def test_hasattr_of_a_dtensor_method_under_torch_compile():
 def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
     _run_repro(torch_compile_mutated_dtensor_input.repro, "RuntimeError", "got mixed torch.Tensor and DTensor",
                world_size=2)
+
+
+# seen on 2.12.1, 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor's argmax along a sharded dim reads its piece's offset "
+                          "from a tensor, a data-dependent graph break; worked around in the Keras integration "
+                          "(each piece's winner gathered while compiling)")
+def test_argmax_along_a_sharded_dim_under_torch_compile_fullgraph():
+    _run_repro(torch_dtensor_argmax_compiled.repro, "data-dependent expression", world_size=2)
+
+
+# seen on 2.12.1, 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: backward() inside a compiled function makes TorchDynamo compile "
+                          "DTensor.__tensor_unflatten__ as frames; the Keras integration runs the step's backward "
+                          "with torch.compiler.disable")
+def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
+    _run_repro(torch_dynamo_compiles_dtensor_unflatten.repro, "AssertionError",
+               "TorchDynamo compiled DTensor.__tensor_unflatten__ as a frame", world_size=2)
