@@ -5,8 +5,8 @@ Each model (``tests/test_keras_hub.py``'s tiny config, one layer) is built twice
 ``train_on_batch`` steps each; the compiled losses and trained weights must equal the eager sharded run's
 (float32, rtol 1e-5: inductor fuses and reorders the same sums).
 
-Slow: Keras' layers break TorchDynamo's graph in many places, so the first compiled step takes minutes
-(Qwen and Llama3: 17 minutes on a shared 2-core machine, Gemma 4.5). Skipped unless ``MIXFIX_TEST_SLOW=1``:
+Slow: the first compiled step takes a minute or more per model (TorchDynamo traces every layer, inductor
+compiles the step; all three: 6 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
 
     MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/test_keras_hub_compiled.py
 """
