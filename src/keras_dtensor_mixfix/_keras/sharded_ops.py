@@ -360,6 +360,12 @@ BATCH, HEADS = 0, 2  # dims of Keras' (batch, length, heads, depth) attention op
 
 
 def _local_attention(original: Any) -> Any:
+    import inspect
+
+    parameters = list(inspect.signature(original).parameters)
+    # where Keras takes flash_attention among the arguments after query, key, value, bias and mask
+    flash_position = parameters.index("flash_attention") - 5 if "flash_attention" in parameters else None
+
     @functools.wraps(original)
     def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, mask: Any = None,
                               *args: Any, **kwargs: Any) -> Any:
@@ -375,12 +381,30 @@ def _local_attention(original: Any) -> Any:
         # mask and bias are in SDPA's (batch, heads, query length, key length) order
         extra = [None if t is None else _local_piece(t, mesh, placements, {BATCH: 0, HEADS: 1}, 4)
                  for t in (bias, mask)]
+        if flash_position is not None and torch.compiler.is_compiling() and local[0].device.type != "cuda":
+            args, kwargs = _flash_attention_off(args, kwargs, flash_position)
         out = original(*local, extra[0], extra[1], *args, **kwargs)
         shape = torch.Size((query.shape[0], query.shape[1], query.shape[2], value.shape[3]))
         stride = torch.empty(shape, device="meta").stride()
         return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
 
     return dot_product_attention
+
+
+def _flash_attention_off(args: tuple, kwargs: dict, position: int) -> tuple:
+    """``args``/``kwargs`` with ``flash_attention=False`` where the caller left it to Keras (None).
+
+    Keras then asks torch whether flash attention can run, through ``SDPAParams``, a C++ class
+    TorchDynamo cannot trace: a graph break inside Keras' ``name_scope``, which made TorchDynamo trace
+    the model again (keras_hub Llama3 and Qwen compiled). Off CUDA torch always answers no ("All
+    tensors need to be on cuda device"), so this is Keras' own decision, made without asking.
+    """
+    if len(args) > position:
+        if args[position] is None:
+            args = args[:position] + (False,) + args[position + 1:]
+    elif kwargs.get("flash_attention") is None:
+        kwargs = dict(kwargs, flash_attention=False)
+    return args, kwargs
 
 
 def _attention_placements(query: Any, key: Any, value: Any, peer: Any) -> tuple:
