@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import torch_argmax_2d  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
 import torch_dtensor_argmax_compiled  # noqa: E402
+import torch_dtensor_one_hot_compiled  # noqa: E402
 import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
@@ -87,3 +88,11 @@ def test_argmax_along_a_sharded_dim_under_torch_compile_fullgraph():
 def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
     _run_repro(torch_dynamo_compiles_dtensor_unflatten.repro, "AssertionError",
                "TorchDynamo compiled DTensor.__tensor_unflatten__ as a frame", world_size=2)
+
+
+# seen on 2.12.1, 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: one_hot of a DTensor under torch.compile meets "
+                          "aten._assert_async.msg, which has no DTensor sharding strategy (keras_hub Qwen MoE compiled)")
+def test_one_hot_of_a_dtensor_under_torch_compile_fullgraph():
+    _run_repro(torch_dtensor_one_hot_compiled.repro, "_assert_async", world_size=2)
