@@ -1,12 +1,12 @@
 """keras_hub causal LMs compiled (``jit_compile=True``: inductor, static shapes) under ModelParallel on 2 ranks.
 
 Each model (``tests/test_keras_hub.py``'s tiny config, one layer) is built twice on a (1, 2) ("batch",
-"model") mesh with its backbone's ``get_layout_map``, from the same seed: once eager, once compiled. Three
+"model") mesh (Gemma also on (2, 2), 4 ranks) with its backbone's ``get_layout_map``, from the same seed: once eager, once compiled. Three
 ``train_on_batch`` steps each; the compiled losses and trained weights must equal the eager sharded run's
 (float32, rtol 1e-5: inductor fuses and reorders the same sums).
 
 Slow: the first compiled step takes a minute or more per model (TorchDynamo traces every layer, inductor
-compiles the step; all three: 6 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
+compiles the step; the four cases: about 6 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
 
     MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/test_keras_hub_compiled.py
 """
@@ -48,7 +48,7 @@ def _causal_lm(name, jit_compile):
     return lm
 
 
-def eager_and_compiled(name):
+def eager_and_compiled(name, mesh_shape):
     """On this rank: ``{"eager"|"compiled": (losses, trained weights)}``, or the traceback."""
     import keras
     import torch
@@ -63,7 +63,7 @@ def eager_and_compiled(name):
     out = {}
     try:
         for variant, jit_compile in (("eager", False), ("compiled", True)):
-            keras.distribution.set_distribution(_distribution(name, "model_parallel", (1, 2)))
+            keras.distribution.set_distribution(_distribution(name, "model_parallel", mesh_shape))
             lm = _causal_lm(name, jit_compile)
             losses = []
             for _ in range(STEPS):
@@ -79,9 +79,12 @@ def eager_and_compiled(name):
     return out
 
 
-@pytest.mark.parametrize("name", ["gemma", "qwen", "llama3"])
-def test_compiled_causal_lm_equals_eager_sharded_run(name):
-    for rank, out in enumerate(run_on_ranks(eager_and_compiled, name, world_size=2, timeout=1500)):
+@pytest.mark.parametrize("name, mesh_shape", [("gemma", (1, 2)), ("qwen", (1, 2)), ("llama3", (1, 2)),
+                                              ("gemma", (2, 2))])
+def test_compiled_causal_lm_equals_eager_sharded_run(name, mesh_shape):
+    world_size = mesh_shape[0] * mesh_shape[1]
+    for rank, out in enumerate(run_on_ranks(eager_and_compiled, name, mesh_shape, world_size=world_size,
+                                            timeout=1500)):
         assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
         (eager_losses, eager_weights), (losses, weights) = out["eager"], out["compiled"]
         np.testing.assert_allclose(losses, eager_losses, rtol=1e-5, err_msg=f"rank {rank}")
