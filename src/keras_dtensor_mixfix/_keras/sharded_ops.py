@@ -172,7 +172,6 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     return looked_up.redistribute(mesh, settled)
 
 
-
 def settle_mask_partial(value: Any) -> Any:
     """A DTensor with a ``_MaskPartial`` placement, reduced on those mesh dims; anything else as is."""
     import torch
@@ -327,7 +326,6 @@ def _gathered_over(piece: Any, like: Any, mesh_dim: int, axis: int) -> Any:
                                 stride=contiguous_stride(shape))
     whole = [Replicate() if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
     return spread.redistribute(like.device_mesh, whole).to_local()
-
 
 
 def whole_along(value: Any, axis: Any) -> Any:

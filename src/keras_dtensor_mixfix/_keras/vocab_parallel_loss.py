@@ -137,4 +137,3 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     shape = torch.Size(row_shape)
     return DTensor.from_local(loss, mesh, row_placements, run_check=False, shape=shape,
                               stride=contiguous_stride(shape))
-
