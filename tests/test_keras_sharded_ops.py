@@ -416,6 +416,48 @@ def test_compiled_argmax_over_vocabulary_split_logits_equals_single_process(mesh
             torch.testing.assert_close(value, expected.to(torch.int32), msg=lambda m: f"{name} {axis} {keepdims}: {m}")
 
 
+def compiled_one_hot(choices):
+    """Keras' ``one_hot`` of replicated and row-split DTensor ids inside ``torch.compile(fullgraph=True)`` (a
+    MoE router's expert choices), the class axis last and first."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh((2,), ("model",))
+        torch._dynamo.reset()
+        encode = torch.compile(lambda x: [keras.ops.one_hot(x, 5), keras.ops.one_hot(x, 5, axis=0)],
+                               backend="aot_eager", fullgraph=True, dynamic=False)
+        return {name: [(value.full_tensor(), tuple(value.placements)) for value in
+                       encode(distribute_tensor(choices, device_mesh, [placement]))]
+                for name, placement in (("replicated", Replicate()), ("split", Shard(0)))}
+    finally:
+        keras_integration.uninstall()
+
+
+def test_compiled_one_hot_of_a_dtensor_equals_single_process():
+    """Compiled, ``one_hot`` of a DTensor encodes each rank's piece: torch's own meets a range check DTensor has no
+    strategy for (repros/torch_dtensor_one_hot_compiled.py), and the graph break it made in keras_hub's Qwen MoE
+    router left a split graph whose view of its input AOTAutograd could not replay."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    choices = torch.tensor([[0, 3], [2, 1], [4, 4]])
+    expected = [keras.ops.convert_to_numpy(keras.ops.one_hot(choices, 5, axis=axis)) for axis in (-1, 0)]
+    for result in run_on_ranks(compiled_one_hot, choices, world_size=2, timeout=300):
+        for placement, values in result.items():
+            for (value, placements), want, axis in zip(values, expected, (-1, 0)):
+                np.testing.assert_array_equal(value.numpy(), want, err_msg=f"{placement} axis {axis}")
+            # row-split ids stay row-split: the rows axis moves behind a leading class axis
+            wanted = [(Shard(0),), (Shard(1),)] if placement == "split" else [(Replicate(),)] * 2
+            assert [p for _, p in values] == wanted, placement
+
+
 def test_wrapped_ops_are_keras_own_on_plain_tensors():
     import torch
     from keras import ops

@@ -36,6 +36,8 @@
   independent per batch row and per head, so it runs on this rank's rows and heads (query, key,
   value and mask or bias taken to the query's batch/head sharding, everything else replicated)
   and the result is wrapped with those placements: the same values, differentiably.
+- ``one_hot`` while compiling: DTensor has no strategy for the range check torch's ``one_hot`` makes
+  when traced (keras_hub's Qwen MoE router); each rank encodes its own piece.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def install(patches: PatchRecorder) -> None:
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
     nn = keras_modules.backend_nn()
     rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
+    rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
 
 
 def _settled_take(original: Any, convert_to_tensor: Any) -> Any:
@@ -403,6 +406,37 @@ def _flash_attention_off(args: tuple, kwargs: dict, position: int) -> tuple:
     elif kwargs.get("flash_attention") is None:
         kwargs = dict(kwargs, flash_attention=False)
     return args, kwargs
+
+
+def _local_one_hot(original: Any) -> Any:
+    """Keras' ``one_hot``; while compiling, of a DTensor's local piece, wrapped with its placements.
+
+    Traced, torch's ``one_hot`` of a DTensor checks its input's range with ``aten._assert_async.msg``,
+    which DTensor has no strategy for (``repros/torch_dtensor_one_hot_compiled.py``): a graph break
+    inside Keras' ``name_scope`` (keras_hub's Qwen MoE router), and the split graph then returned a
+    view of its DTensor input, which AOTAutograd replays with ``as_strided`` ("as_strided not supported
+    with DTensor"). Each element is encoded on its own, so the local piece gives this rank's part of the
+    result; the new class axis is whole.
+    """
+
+    @functools.wraps(original)
+    def one_hot(x: Any, num_classes: Any, axis: int = -1, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        from .layouts import contiguous_stride
+
+        if not (torch.compiler.is_compiling() and isinstance(x, DTensor)
+                and all(type(p) is Shard or isinstance(p, Replicate) for p in x.placements)):
+            return original(x, num_classes, axis, *args, **kwargs)
+        encoded = original(x.to_local(), num_classes, axis, *args, **kwargs)
+        class_dim = axis % encoded.ndim
+        placements = [Shard(p.dim + (p.dim >= class_dim)) if isinstance(p, Shard) else p for p in x.placements]
+        shape = torch.Size((*x.shape[:class_dim], encoded.shape[class_dim], *x.shape[class_dim:]))
+        return DTensor.from_local(encoded, x.device_mesh, placements, run_check=False, shape=shape,
+                                  stride=contiguous_stride(shape))
+
+    return one_hot
 
 
 def _attention_placements(query: Any, key: Any, value: Any, peer: Any) -> tuple:
