@@ -1,12 +1,13 @@
 """keras_hub causal LMs compiled (``jit_compile=True``: inductor, static shapes) under ModelParallel on 2 ranks.
 
-Each model (``tests/test_keras_hub.py``'s tiny config, one layer) is built twice on a (1, 2) ("batch",
-"model") mesh (Gemma also on (2, 2), 4 ranks) with its backbone's ``get_layout_map``, from the same seed: once eager, once compiled. Three
+Each model (Gemma, Qwen, Llama3, Qwen MoE, Qwen3 MoE: ``tests/test_keras_hub.py``'s tiny config, one layer)
+is built twice on a (1, 2) ("batch", "model") mesh (Gemma also on (2, 2), 4 ranks) with its backbone's
+``get_layout_map``, from the same seed: once eager, once compiled. Three
 ``train_on_batch`` steps each; the compiled losses and trained weights must equal the eager sharded run's
 (float32, rtol 1e-5: inductor fuses and reorders the same sums).
 
 Slow: the first compiled step takes a minute or more per model (TorchDynamo traces every layer, inductor
-compiles the step; the four cases: about 6 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
+compiles the step; the six cases: about 11 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
 
     MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/test_keras_hub_compiled.py
 """
@@ -80,7 +81,7 @@ def eager_and_compiled(name, mesh_shape):
 
 
 @pytest.mark.parametrize("name, mesh_shape", [("gemma", (1, 2)), ("qwen", (1, 2)), ("llama3", (1, 2)),
-                                              ("gemma", (2, 2))])
+                                              ("qwen_moe", (1, 2)), ("qwen3_moe", (1, 2)), ("gemma", (2, 2))])
 def test_compiled_causal_lm_equals_eager_sharded_run(name, mesh_shape):
     world_size = mesh_shape[0] * mesh_shape[1]
     for rank, out in enumerate(run_on_ranks(eager_and_compiled, name, mesh_shape, world_size=world_size,

@@ -98,8 +98,7 @@ def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, for
 def _eagerly(function: Callable[[], Any]) -> Any:
     """``function()`` outside TorchDynamo (a graph break where the step calls it):
 
-    - ``zero_grad``: traced, it guards on every gradient being None, which holds in the first step only,
-      so the second step compiled the whole step again (a minute for a one-layer keras_hub model);
+    - clearing the gradients and the losses layers kept from the last step (:func:`_start_step`);
     - ``backward``: the compiled backward's Python wrapper rebuilds each DTensor gradient with
       ``DTensor.__tensor_unflatten__``, and while the step's frame is being compiled TorchDynamo took
       that function for a frame of its own to compile, once per gradient shape and placement (until
@@ -110,22 +109,47 @@ def _eagerly(function: Callable[[], Any]) -> Any:
     return torch.compiler.disable(function)()
 
 
+def _start_step(trainer: Any) -> None:
+    """``zero_grad()``, and the losses layers kept from the last step cleared (as the model's call clears them).
+
+    Traced, ``zero_grad`` guards on every gradient being None and the call's clearing on the kept losses,
+    which hold in the first step only: step 2 compiled the whole step again (a minute for a one-layer
+    keras_hub model), and with a MoE router's auxiliary loss every later step too.
+    """
+    trainer.zero_grad()
+    trainer._clear_losses()
+
+
+def _detach_kept_losses(trainer: Any) -> None:
+    """The losses layers keep from ``add_loss`` (keras_hub MoE routers' auxiliary loss), detached once the step's
+    loss holds them: kept, each left the compiled forward as an output that needs a gradient, and ``backward()``
+    of the step's loss gives it none, which a DTensor output cannot take ("Expected a DTensor tangent but got a
+    plain Tensor"). Their values are unchanged; the next call of the model clears them as before."""
+    import torch
+
+    for layer in trainer._flatten_layers():
+        kept = layer._losses
+        if kept:
+            kept[:] = [t.detach() if isinstance(t, torch.Tensor) else t for t in kept]
+
+
 def _compiled_train_step(trainer: Any, data: Any) -> Any:
     """Keras 3.15.1's torch train step, with predictions detached before ``backward()``.
 
     Under torch.compile the step is split at ``backward()``; a DTensor prediction returned by the
     forward graph but unused by the loss's backward receives a plain zero tangent, which the
     compiled backward rejects ("Expected a DTensor tangent"). Metrics need no gradient, so the
-    predictions they see are detached first. Clearing the gradients and the backward run eagerly
-    (:func:`_eagerly`).
+    predictions they see are detached first. Clearing the gradients and kept losses, and the backward, run
+    eagerly (:func:`_eagerly`); the losses layers keep are detached once the step's loss holds them.
     """
     import torch
 
     tree = keras_modules.tree()
     x, y, sample_weight = keras_modules.data_adapter_utils().unpack_x_y_sample_weight(data)
-    _eagerly(trainer.zero_grad)
+    _eagerly(functools.partial(_start_step, trainer))
     y_pred = trainer(x, training=True) if trainer._call_has_training_arg else trainer(x)
     loss = trainer._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+    _detach_kept_losses(trainer)
     first_input = next(leaf for leaf in tree.flatten(x) if leaf is not None)
     trainer._loss_tracker.update_state(loss, sample_weight=first_input.shape[0])
     y_pred = tree.map_structure(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y_pred)
