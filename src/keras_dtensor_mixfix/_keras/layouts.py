@@ -112,10 +112,15 @@ def first_index_here(length: int, mesh: Any, mesh_dim: int) -> int:
     return min(mesh.get_local_rank(mesh_dim) * piece, length)
 
 
-def contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
-    """The strides of a contiguous tensor of ``shape`` (a ``from_local`` that names the global shape)."""
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(stride))
+def dtensor_from_piece(local: torch.Tensor, mesh: Any, placements: Sequence[Any], shape: Sequence[int]) -> Any:
+    """``local``, this rank's piece of a contiguous tensor of global ``shape``, as a DTensor with ``placements``.
+
+    DTensor's differentiable ``from_local``, told the global shape and stride (no check, no communication),
+    so uneven pieces and partial sums need no collective to find them.
+    """
+    from torch.distributed.tensor import DTensor
+
+    from .._engine.construct import contiguous_stride
+
+    shape = torch.Size(shape)
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=contiguous_stride(shape))

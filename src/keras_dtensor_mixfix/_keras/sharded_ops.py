@@ -129,7 +129,7 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from .layouts import contiguous_stride, first_index_here
+    from .layouts import dtensor_from_piece, first_index_here
 
     if not torch.compiler.is_compiling() or not isinstance(table, DTensor) or table.ndim != 2:
         return None
@@ -168,9 +168,7 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     here = (local_ids >= start) & (local_ids < start + local_table.shape[0])
     rows = torch.nn.functional.embedding(torch.where(here, local_ids - start, 0), local_table)
     rows = torch.where(here.unsqueeze(-1), rows, 0)
-    looked_up = DTensor.from_local(rows, mesh, placements, run_check=False,
-                                   shape=torch.Size((*indices.shape, table.shape[1])),
-                                   stride=contiguous_stride((*indices.shape, table.shape[1])))
+    looked_up = dtensor_from_piece(rows, mesh, placements, (*indices.shape, table.shape[1]))
     settled = [Replicate() if isinstance(p, Partial) else p for p in placements]
     return looked_up.redistribute(mesh, settled)
 
@@ -283,7 +281,7 @@ def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -
     import torch
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from .layouts import contiguous_stride, first_index_here
+    from .layouts import dtensor_from_piece, first_index_here
 
     if (axis is None or not torch.compiler.is_compiling() or not isinstance(value, DTensor)
             or not value.dtype.is_floating_point or value.ndim == 0):
@@ -310,23 +308,21 @@ def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -
     placements = [Replicate() if mesh_dim == pieces_dim or isinstance(p, Replicate)
                   else Shard(p.dim - (p.dim > axis and not keepdims)) for mesh_dim, p in enumerate(value.placements)]
     shape = torch.Size(1 if dim == axis else size for dim, size in enumerate(value.shape) if keepdims or dim != axis)
-    return DTensor.from_local(found.to(torch.int32), mesh, placements, run_check=False, shape=shape,
-                              stride=contiguous_stride(shape))
+    return dtensor_from_piece(found.to(torch.int32), mesh, placements, shape)
 
 
 def _gathered_over(piece: Any, like: Any, mesh_dim: int, axis: int) -> Any:
     """This rank's ``piece`` (size 1 along ``axis``) beside every other rank's over ``mesh_dim``, in rank
     order, as a local tensor: the other mesh dims keep ``like``'s placements."""
     import torch
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard
 
-    from .layouts import contiguous_stride
+    from .layouts import dtensor_from_piece
 
     ranks = like.device_mesh.size(mesh_dim)
     placements = [Shard(axis) if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
     shape = torch.Size(ranks if dim == axis else size for dim, size in enumerate(like.shape))
-    spread = DTensor.from_local(piece, like.device_mesh, placements, run_check=False, shape=shape,
-                                stride=contiguous_stride(shape))
+    spread = dtensor_from_piece(piece, like.device_mesh, placements, shape)
     whole = [Replicate() if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
     return spread.redistribute(like.device_mesh, whole).to_local()
 
@@ -373,6 +369,8 @@ def _local_attention(original: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor
 
+        from .layouts import dtensor_from_piece
+
         peer = next((t for t in (query, key, value) if isinstance(t, DTensor)), None)
         if peer is None or not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
             return original(query, key, value, bias, mask, *args, **kwargs)
@@ -385,9 +383,8 @@ def _local_attention(original: Any) -> Any:
         if flash_position is not None and torch.compiler.is_compiling() and local[0].device.type != "cuda":
             args, kwargs = _flash_attention_off(args, kwargs, flash_position)
         out = original(*local, extra[0], extra[1], *args, **kwargs)
-        shape = torch.Size((query.shape[0], query.shape[1], query.shape[2], value.shape[3]))
-        stride = torch.empty(shape, device="meta").stride()
-        return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
+        return dtensor_from_piece(out, mesh, placements, (query.shape[0], query.shape[1], query.shape[2],
+                                                          value.shape[3]))
 
     return dot_product_attention
 
@@ -424,7 +421,7 @@ def _local_one_hot(original: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
-        from .layouts import contiguous_stride
+        from .layouts import dtensor_from_piece
 
         if not (torch.compiler.is_compiling() and isinstance(x, DTensor)
                 and all(type(p) is Shard or isinstance(p, Replicate) for p in x.placements)):
@@ -433,8 +430,7 @@ def _local_one_hot(original: Any) -> Any:
         class_dim = axis % encoded.ndim
         placements = [Shard(p.dim + (p.dim >= class_dim)) if isinstance(p, Shard) else p for p in x.placements]
         shape = torch.Size((*x.shape[:class_dim], encoded.shape[class_dim], *x.shape[class_dim:]))
-        return DTensor.from_local(encoded, x.device_mesh, placements, run_check=False, shape=shape,
-                                  stride=contiguous_stride(shape))
+        return dtensor_from_piece(encoded, x.device_mesh, placements, shape)
 
     return one_hot
 

@@ -87,7 +87,7 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from .layouts import TorchLayout, contiguous_stride, first_index_here, relayout
+    from .layouts import TorchLayout, dtensor_from_piece, first_index_here, relayout
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh = logits.device_mesh
@@ -110,8 +110,7 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
         """``local`` (this rank's rows, a value per row and trailing dims) reduced over the class pieces."""
         placements = [Partial(reduce_op) if mesh_dim == vocab_mesh_dim else p for mesh_dim, p in enumerate(row_placements)]
         shape = torch.Size(row_shape + tuple(local.shape[len(row_shape):]))
-        partial = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
-                                     stride=contiguous_stride(shape))
+        partial = dtensor_from_piece(local, mesh, placements, shape)
         return partial.redistribute(mesh, row_placements).to_local()
 
     local = logits.to_local()
@@ -134,6 +133,4 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     sums = reduced_over_classes(torch.stack([shifted.exp().sum(dim=-1), torch.where(held, picked, 0.0)], dim=-1),
                                 "sum")
     loss = (sums[..., 0].log() - sums[..., 1]).to(local.dtype)
-    shape = torch.Size(row_shape)
-    return DTensor.from_local(loss, mesh, row_placements, run_check=False, shape=shape,
-                              stride=contiguous_stride(shape))
+    return dtensor_from_piece(loss, mesh, row_placements, row_shape)
