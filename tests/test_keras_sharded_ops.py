@@ -490,13 +490,15 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.einsum("...d,d->...", q, q[0, 0, 0])),
                 ops.convert_to_numpy(ops.cast(1 / np.sqrt(8), "float32")),  # NumPy scalar (compile.py's cast)
                 ops.convert_to_numpy(ops.cast(table, "float16")),
+                ops.convert_to_numpy(ops.one_hot(ids, VOCAB)), ops.convert_to_numpy(ops.one_hot(ids % 7, 7, axis=0)),
                 ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
 
     from keras.src.layers.layer import Layer
 
     functions = (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
                  keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
-                 keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax)
+                 keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax,
+                 keras_modules.backend_nn().one_hot)
     keras_integration.uninstall()
     before = run()
     assert keras_integration.install()
@@ -505,12 +507,14 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
         assert keras_modules.backend_numpy().min is not functions[3]
         assert keras_modules.backend_numpy().einsum is not functions[4]
         assert keras_modules.backend_numpy().argmax is not functions[6]
+        assert keras_modules.backend_nn().one_hot is not functions[7]
         during = run()
     finally:
         keras_integration.uninstall()
     assert (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
             keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
-            keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax) == functions
+            keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax,
+            keras_modules.backend_nn().one_hot) == functions
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)
 
