@@ -96,7 +96,9 @@ def _distribution(kind, world_size):
     import keras
 
     devices = keras.distribution.list_devices()
-    assert len(devices) == world_size == keras.distribution.get_device_count()
+    # keras.distribution.get_device_count: Keras 3.13 and later
+    count = getattr(keras.distribution, "get_device_count", lambda: len(keras.distribution.list_devices()))
+    assert len(devices) == world_size == count()
     if kind == "data_parallel":
         distribution = keras.distribution.DataParallel()
     elif kind == "data_parallel_devices":

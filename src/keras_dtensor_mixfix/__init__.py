@@ -28,6 +28,7 @@ _EXPORTS = {
     "ReplicationCheckError": "._rules.errors",
     "ReplicationCheckWarning": "._rules.errors",
     "UnsupportedTorchError": "._rules.errors",
+    "UnsupportedKerasError": "._rules.errors",
     "InvalidArgumentError": "._rules.errors",
     "UnknownOperatorError": "._rules.errors",
     "ArgumentTypeError": "._rules.errors",
@@ -84,7 +85,7 @@ if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
     from ._rules.errors import (ArgumentTypeError, InvalidArgumentError, MixedOperandError, MixfixError,
                                 ReplicationCheckError, ReplicationCheckWarning, UnknownOperatorError,
-                                UnsupportedTorchError)
+                                UnsupportedKerasError, UnsupportedTorchError)
     from ._rules.options import Options
     from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch
     from ._rules.registry import RuleHandle, register_rule

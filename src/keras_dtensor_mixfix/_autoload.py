@@ -145,9 +145,13 @@ def _maybe_install_keras() -> None:
             keras_state = f"off: {reason}"
             _log_refusal_once(reason)
             return
-        from .keras_integration import install
+        from .keras_integration import UnsupportedKerasError, install
 
-        keras_state = "installed" if install() else "not needed (Keras backend is not torch)"
+        try:
+            keras_state = "installed" if install() else "not needed (Keras backend is not torch)"
+        except UnsupportedKerasError as refused:  # Keras is left as it is: one line says why and what to do
+            keras_state = f"off: {refused.reason}"
+            log.warning("keras_dtensor_mixfix: %s", refused.reason)
     except BaseException as exc:  # noqa: BLE001 - never break the user's `import keras`
         keras_state = f"failed: {type(exc).__name__}: {exc}"
         log.warning("keras_dtensor_mixfix: Keras integration could not be installed: %s", keras_state)

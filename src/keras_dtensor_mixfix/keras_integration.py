@@ -19,6 +19,11 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
 - on a Keras that wraps models in ``DistributedDataParallel`` when no distribution is set (3.16),
   a model with sharded weights is not wrapped (DDP cannot broadcast DTensors).
 
+Supported: Keras 3.12 to 3.16.x (``_keras.keras_gate``). On another Keras, ``install()`` raises
+:class:`UnsupportedKerasError` and auto-activation installs nothing, logging one warning line: Keras runs
+exactly as it is. A newer Keras can be opted in to (``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS=1`` or
+``install(allow_newer_keras=True)``): the Keras self-check of every Keras internal used runs first.
+
 On a Keras with its own torch distribution (3.16), Keras' pieces are kept, saving still writes
 from rank 0 only, and while the package is patched our promotion replaces Keras'
 ``KerasDTensorPromotionMode`` (so ``jit_compile=True`` compiles under ``ModelParallel``).
@@ -32,13 +37,16 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (backend_lib, compile, data, ddp, einsum_kernel_split, keras_modules, local_einsum,
-                     promotion_mode, reductions, saving, sharded_ops, values, variables, vocab_parallel_loss)
+from ._keras import (backend_lib, compile, data, ddp, einsum_kernel_split, keras_gate, keras_modules, local_einsum,
+                     promotion_mode, reductions, repeat, saving, sharded_ops, tracebacks, values, variables,
+                     vocab_parallel_loss)
 from ._lifecycle.recorder import PatchRecorder
+from ._rules.errors import UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
-__all__ = ["install", "uninstall", "is_installed", "report"]
+__all__ = ["install", "uninstall", "is_installed", "report", "UnsupportedKerasError"]
+
 
 _lock = threading.RLock()
 _installed: Optional[PatchRecorder] = None
@@ -56,8 +64,13 @@ def report() -> List[str]:
     return list(_report)
 
 
-def install() -> bool:
-    """Install into the imported Keras; returns False (and does nothing) unless its backend is torch."""
+def install(allow_newer_keras: Optional[bool] = None) -> bool:
+    """Install into the imported Keras; returns False (and does nothing) unless its backend is torch.
+
+    Raises :class:`UnsupportedKerasError`, leaving Keras as it is, on a Keras outside the supported
+    releases; ``allow_newer_keras`` (default: ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS``) lets a newer
+    one in if the Keras self-check passes.
+    """
     global _installed, _patched_here, _mode_replaced
     with _lock:
         if _installed is not None:
@@ -66,6 +79,12 @@ def install() -> bool:
         if backend != "torch":
             log.debug("keras_dtensor_mixfix: Keras backend is %s, not torch: nothing to install", backend)
             return False
+    reason = keras_gate.refusal(allow_newer_keras)  # may run the self-check (a subprocess): not under the lock
+    if reason is not None:
+        raise UnsupportedKerasError(reason)
+    with _lock:
+        if _installed is not None:
+            return True
         patches = PatchRecorder()
         added: List[str] = []
         try:
@@ -99,8 +118,12 @@ def install() -> bool:
             added.append("ops: einsum runs on local pieces where shardings line up (or are lined up), take gathers "
                          "a table split where its ids are and settles masked partials, slice_update replicates "
                          "sharded inputs, attention runs on local rows and heads")
+            if repeat.install(patches):
+                added.append("ops: repeat of a DTensor by a whole number expands it (as Keras 3.15 does)")
             vocab_parallel_loss.install(patches)
             added.append("loss: sparse categorical cross-entropy over class-split logits never gathers them")
+            tracebacks.install(patches)
+            added.append("tracebacks: Keras' filter hides the integration's frames as it hides its own")
             if keras_modules.native_promotion_mode():
                 promotion_mode.install(patches)
                 _mode_replaced = True

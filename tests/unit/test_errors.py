@@ -109,6 +109,8 @@ BUILTIN_RAISES_KEPT = {
     ("_torch/checks_dispatch.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as "
                                                     "its result",
     ("_torch/selfcheck.py", "RuntimeError"): "no gloo: caught at once and reported as every check's result",
+    **{("_keras/checks.py", name): "a Keras self-check that fails: caught by selfcheck and reported as its result"
+       for name in ("AttributeError", "TypeError", "ValueError")},
     ("_keras/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
                                                 "the same failure as Python's own import of it, and caught as one",
     ("_engine/decide.py", "AssertionError"): "an internal invariant (an unreachable branch), never a user's error",

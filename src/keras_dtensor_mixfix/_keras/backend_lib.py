@@ -1,6 +1,6 @@
 """The torch ``distribution_lib`` Keras calls: ours where Keras has none, else Keras' own, completed.
 
-Ours is :mod:`.distribution_lib`. Where it is installed (Keras 3.15.1), it is also importable under
+Ours is :mod:`.distribution_lib`. Where it is installed (Keras 3.12 to 3.15), it is also importable under
 the name Keras 3.16 gives its own, :data:`.keras_modules.TORCH_DISTRIBUTION_LIB` (``sys.modules``
 entry and attribute of the torch backend package), so code written against 3.16 (importing
 ``distribution_lib`` from the torch backend package) runs.

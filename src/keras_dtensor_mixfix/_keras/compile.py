@@ -2,7 +2,7 @@
 
 Keras' ``torch.compile`` of a step that holds DTensors keeps Keras' own backend (torch's default,
 inductor) and asks for static shapes: with automatic dynamic shapes, the recompile that follows a
-new batch size fails to retrace DTensor specs. On Keras 3.15.1 that applies under any distribution;
+new batch size fails to retrace DTensor specs. On Keras 3.12 to 3.15 that applies under any distribution;
 on Keras 3.16, which refuses ``jit_compile`` under non-``DataParallel`` distributions because of its
 dispatch mode, it applies where our promotion replaced that mode (:mod:`.promotion_mode`), and
 ``DataParallel`` compiles as Keras does.
@@ -134,7 +134,7 @@ def _detach_kept_losses(trainer: Any) -> None:
 
 
 def _compiled_train_step(trainer: Any, data: Any) -> Any:
-    """Keras 3.15.1's torch train step, with predictions detached before ``backward()``.
+    """Keras 3.12-3.15's torch train step (the same in each), with predictions detached before ``backward()``.
 
     Under torch.compile the step is split at ``backward()``; a DTensor prediction returned by the
     forward graph but unused by the loss's backward receives a plain zero tangent, which the

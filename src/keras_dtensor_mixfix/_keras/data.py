@@ -5,7 +5,7 @@ Each ``make_*_function`` is wrapped so that its step, while a distribution is in
 - brings Keras' own promotion mode in line with the patch state in the running thread
   (:func:`.promotion_mode.sync`; Keras 3.16);
 - compiles with static shapes where :func:`.compile.static_shapes` says so;
-- on a Keras without data distribution of its own (3.15.1): receives its batches distributed along
+- on a Keras without data distribution of its own (3.12 to 3.15): receives its batches distributed along
   the batch axis, and returns logs and predictions as plain global tensors. Each process feeds the
   global batch and keeps its slice (no communication); with ``distribution.auto_shard_dataset =
   False`` each process feeds its own shard. Non-tf.data inputs are accepted in multi-process runs.

@@ -1,4 +1,4 @@
-"""A torch backend for ``keras.distribution`` (Keras 3.15.1 ships none).
+"""A torch backend for ``keras.distribution`` (Keras 3.12 to 3.15 ship none).
 
 Installed by :mod:`keras_dtensor_mixfix.keras_integration` (:mod:`.backend_lib`) as the
 ``distribution_lib`` of Keras' backend package, and under the module name Keras 3.16 gives its own

@@ -9,7 +9,12 @@ checked, so a compiled Keras step (TorchDynamo) that reaches one traces it as be
 that moved go through :func:`importlib.import_module` (which TorchDynamo cannot trace), and never
 inside a compiled step.
 
-Checked on Keras 3.15.1 and keras-nightly 3.16.0.dev2026102704. What differs between them, per name:
+The Keras releases the integration supports, :data:`OLDEST_KERAS` to :data:`NEWEST_KERAS` (the gate,
+:mod:`.keras_gate`, reads them), were checked on :data:`CHECKED_RELEASES` (3.12.4, 3.13.2, 3.14.1, 3.15.1 and
+keras-nightly 3.16.0.dev2026102704; CI runs the first and the last). Keras 3.12.4 to 3.14.1 differ
+from 3.15.1 in two behaviours used here: their common ``Variable`` takes no ``layout`` argument
+(:func:`variables_take_layouts`), and their torch ``repeat`` of an ``int`` runs ``repeat_interleave``
+(:func:`repeat_expands_whole_numbers`). What differs between 3.15.1 and 3.16, per name:
 
 ==========================================  ==================================================================
 name here                                   3.15.1 / 3.16
@@ -37,6 +42,11 @@ name here                                   3.15.1 / 3.16
 :func:`layer_class`                         ``keras.src.layers.layer.Layer``, same in both
 :func:`global_state`                        ``keras.src.backend.common.global_state``, same in both
 :func:`base_variable_class`                 ``keras.src.backend.common.variables.Variable``, same in both
+:func:`base_optimizer_class`                ``keras.src.optimizers.base_optimizer.BaseOptimizer``, same in both
+:func:`running_keras_version`               ``keras.src.version.__version__``, same in both
+:func:`traceback_utils`                     ``keras.src.utils.traceback_utils`` (``_EXCLUDED_PATHS``), same in both
+:func:`repeat_expands_whole_numbers`        whether ``backend_numpy().repeat`` expands an ``int`` repeat: yes
+                                            in both (before 3.15: ``repeat_interleave``)
 :func:`data_adapters`,                      ``keras.src.trainers.data_adapters`` (``get_data_adapter``,
 :func:`data_adapter_utils`                  ``is_tf_dataset``) and its ``data_adapter_utils``
                                             (``unpack_x_y_sample_weight``), same in both
@@ -52,6 +62,13 @@ from __future__ import annotations
 
 import importlib
 from typing import Any, Tuple
+
+OLDEST_KERAS: Tuple[int, int] = (3, 12)
+"""Oldest supported Keras (major, minor); CI runs the Keras tests on 3.12.4."""
+NEWEST_KERAS: Tuple[int, int] = (3, 16)
+"""Newest supported Keras minor release; CI runs the Keras tests on keras-nightly 3.16.0.dev2026102704."""
+CHECKED_RELEASES = ("3.12.4", "3.13.2", "3.14.1", "3.15.1", "3.16.0.dev2026102704")
+"""The Keras releases the integration's tests passed on (CI runs the first and the last)."""
 
 CORE_MODULES = ("keras.src.backend.torch.ops.core", "keras.src.backend.torch.core")
 """The torch backend's core module, newest location first."""
@@ -74,6 +91,13 @@ INSTALL_TRIGGERS: Tuple[Tuple[str, ...], ...] = (
 )
 """The Keras modules the integration patches, each with the names it has had in other releases; once
 one name of each has loaded (during ``import keras``), auto-activation installs the integration."""
+
+
+def running_keras_version() -> str:
+    """The version of the Keras this process imports (``keras-nightly`` installs the same package)."""
+    from keras.src.version import __version__
+
+    return str(__version__)
 
 
 def _first_module(names: Tuple[str, ...]) -> Any:
@@ -168,6 +192,27 @@ def native_layout_variables() -> bool:
     return any(name in vars(core().Variable) for name in ("_initialize_layout", "_initialize_distributed"))
 
 
+def variables_take_layouts() -> bool:
+    """Keras' common ``Variable`` takes a ``layout`` argument and keeps it as ``_layout`` (3.15 and later).
+
+    Before 3.15 only the JAX backend's ``Variable`` took it; the torch one dropped it with its other
+    unknown keyword arguments, so an optimizer's slot variables lost their reference's layout.
+    """
+    import inspect
+
+    return "layout" in inspect.signature(base_variable_class().__init__).parameters
+
+
+def repeat_expands_whole_numbers() -> bool:
+    """The torch backend's ``repeat`` repeats by an ``int`` along an axis with ``expand`` (3.15 and later).
+
+    Read from its source: before 3.15 the same call runs ``torch.repeat_interleave`` with a tensor of repeats.
+    """
+    import inspect
+
+    return ".expand(" in inspect.getsource(backend_numpy().repeat)
+
+
 def native_data_distribution() -> bool:
     module = trainer_module()
     return hasattr(module, "_distribute_data") or any(
@@ -206,6 +251,13 @@ def base_variable_class() -> Any:
     return Variable
 
 
+def base_optimizer_class() -> Any:
+    """The backend-independent ``BaseOptimizer`` (``add_variable_from_reference`` gives slots their layout)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    return BaseOptimizer
+
+
 def data_adapters() -> Any:
     from keras.src.trainers import data_adapters as data_adapters_module
 
@@ -222,6 +274,13 @@ def saving_lib() -> Any:
     from keras.src.saving import saving_lib as saving_lib_module
 
     return saving_lib_module
+
+
+def traceback_utils() -> Any:
+    """``keras.src.utils.traceback_utils`` (its ``_EXCLUDED_PATHS``: the frames Keras' traceback filter hides)."""
+    from keras.src.utils import traceback_utils as traceback_utils_module
+
+    return traceback_utils_module
 
 
 def rng_utils() -> Any:

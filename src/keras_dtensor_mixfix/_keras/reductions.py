@@ -8,7 +8,7 @@ through the model, every later kernel is gathered in every step, and the gradien
 That is what made a 2-rank Gemma step send ~110 collectives where the single-process math needs a
 handful (measured: ``benchmarks/keras_model_step.py``).
 
-Under a Keras distribution (ours on Keras 3.15.1, Keras' own on 3.16 while the integration is
+Under a Keras distribution (ours on Keras 3.12 to 3.15, Keras' own on 3.16 while the integration is
 installed), two rules bring it to what tensor-parallel training does by design (and what XLA's
 partitioner finds for JAX):
 

@@ -1,11 +1,14 @@
-"""Layout-aware variables for a Keras whose torch ``Variable`` ignores layouts (3.15.1).
+"""Layout-aware variables for a Keras whose torch ``Variable`` ignores layouts (3.12 to 3.15).
 
 A variable with a layout holds an ``nn.Parameter`` wrapping a DTensor; ``assign``,
-``set_weights`` and loading keep the layout; printing never gathers.
+``set_weights`` and loading keep the layout; printing never gathers. Before Keras 3.15 the torch
+``Variable`` dropped its ``layout`` argument (the one optimizers pass to give a slot variable its
+reference's layout): there it is kept as ``_layout``, as 3.15 keeps it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -26,9 +29,14 @@ def install(patches: PatchRecorder) -> None:
     original_initialize = variable_class._initialize
     original_assign = variable_class._direct_assign
     original_repr = KerasVariable.__repr__
+    original_init = variable_class.__init__
+
+    def __init__(self: Any, *args: Any, layout: Any = None, **kwargs: Any) -> None:
+        self._layout = layout  # read by _initialize, which the common __init__ calls
+        original_init(self, *args, **kwargs)
 
     def _initialize(self: Any, value: Any) -> None:
-        if self._layout is None:
+        if getattr(self, "_layout", None) is None:  # a subclass may skip __init__'s (copies, deserialization)
             distribution = global_state.get_global_attribute("distribution")
             if distribution is not None:
                 if getattr(self, "_shape", None) is None:  # array initializers arrive before the shape is set
@@ -65,6 +73,8 @@ def install(patches: PatchRecorder) -> None:
                     f"placements={tuple(value.placements)} (values not gathered)>")
         return original_repr(self)
 
+    if not keras_modules.variables_take_layouts():
+        patches.set(variable_class, "__init__", functools.wraps(original_init)(__init__))
     patches.set(variable_class, "_initialize", _initialize)
     patches.set(variable_class, "_direct_assign", _direct_assign)
     patches.set(KerasVariable, "__repr__", __repr__)

@@ -24,9 +24,13 @@ ALLOW_NEWER_TORCH = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH"
 """``1`` lets the package run on a torch newer than the newest tested one if its self-check passes
 (``patch(allow_newer_torch=True)`` for one call)."""
 
+ALLOW_NEWER_KERAS = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS"
+"""``1`` lets the Keras integration install into a Keras newer than the newest tested one if the Keras
+self-check passes (``keras_integration.install(allow_newer_keras=True)`` for one call)."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH}
+_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS}
 
 _warned: Set[Tuple[str, str]] = set()
 _warned_lock = threading.Lock()
@@ -61,12 +65,21 @@ def auto_activation_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return True if parsed is None else parsed
 
 
-def allow_newer_torch(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH`` opts in to a torch newer than the newest tested one."""
-    raw = environ.get(ALLOW_NEWER_TORCH)
+def _opted_in(name: str, environ: Mapping[str, str], fallback: str) -> bool:
+    raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return False
-    return bool(_parse_bool(ALLOW_NEWER_TORCH, raw, "a newer torch stays refused (the default)"))
+    return bool(_parse_bool(name, raw, fallback))
+
+
+def allow_newer_torch(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH`` opts in to a torch newer than the newest tested one."""
+    return _opted_in(ALLOW_NEWER_TORCH, environ, "a newer torch stays refused (the default)")
+
+
+def allow_newer_keras(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS`` opts in to a Keras newer than the newest tested one."""
+    return _opted_in(ALLOW_NEWER_KERAS, environ, "a newer Keras stays refused (the default)")
 
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options", dict]:

@@ -63,6 +63,16 @@ class UnsupportedTorchError(MixfixError, RuntimeError):
     opt-in whose self-check failed."""
 
 
+class UnsupportedKerasError(MixfixError, RuntimeError):
+    """``keras_integration.install()`` on a Keras outside the supported releases, or on a newer one allowed by
+    the opt-in whose Keras self-check failed; Keras is left as it is. ``reason`` is the one line that says which
+    Keras, the supported releases and what to do."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"keras_dtensor_mixfix.keras_integration.install(): {reason}")
+        self.reason = reason
+
+
 class InvalidArgumentError(MixfixError, ValueError):
     """A public function got a value it cannot accept: an unknown rule name, a ``Decision`` that
     contradicts itself, a ``patch()`` option value out of range. The message names the argument

@@ -1,0 +1,209 @@
+"""The Keras self-check's checks: one per Keras private name or behaviour the integration relies on.
+
+Each check returns what it saw (one line) or raises when the running Keras does not have or do what the
+integration's modules expect; :mod:`.selfcheck` runs them, in a process of their own. A name the integration uses only where a Keras
+release has it (3.16's ``_initialize_ddp``, its promotion mode) is reported as present or absent: both pass,
+since the integration reads :mod:`.keras_modules`' feature tests too. The names are reached through the
+boundary, :mod:`.keras_modules`, as the integration reaches them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Dict, Iterable
+
+from . import keras_modules
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasCheck:
+    """One check: ``run()`` returns what it saw, or raises when Keras does not behave as the integration expects."""
+
+    name: str
+    relies_on: str
+    run: Callable[[], str]
+
+
+def _require(owner: Any, names: Iterable[str], what: str) -> None:
+    missing = [name for name in names if not hasattr(owner, name)]
+    if missing:
+        raise AttributeError(f"{what} has no {', '.join(missing)}")
+
+
+def _takes(function: Any, *parameters: str) -> None:
+    found = inspect.signature(function).parameters
+    missing = [name for name in parameters if name not in found]
+    if missing:
+        raise TypeError(f"{getattr(function, '__qualname__', function)} takes no {', '.join(missing)} "
+                        f"(its parameters: {', '.join(found)})")
+
+
+def check_modules() -> str:
+    found = []
+    for function in (keras_modules.core, keras_modules.backend_numpy, keras_modules.backend_nn,
+                     keras_modules.trainer_module, keras_modules.backend_package, keras_modules.torch_backend_package,
+                     keras_modules.distribution_module, keras_modules.global_state, keras_modules.data_adapters,
+                     keras_modules.data_adapter_utils, keras_modules.saving_lib, keras_modules.rng_utils,
+                     keras_modules.tree):
+        found.append(function().__name__)
+    return "found " + ", ".join(found)
+
+
+def check_backend_distribution_lib() -> str:
+    backend, distribution = keras_modules.backend_package(), keras_modules.distribution_module()
+    _require(backend, ("distribution_lib",), backend.__name__)
+    _require(distribution, ("distribution_lib",), distribution.__name__)
+    if keras_modules.native_distribution_lib():
+        return f"Keras' own torch distribution_lib ({keras_modules.lib().__name__}): kept and completed"
+    return "None on the torch backend: the integration installs its own there"
+
+
+def check_distribution_api() -> str:
+    module = keras_modules.distribution_module()
+    _require(module, ("distribution", "set_distribution", "DeviceMesh", "TensorLayout", "LayoutMap", "ModelParallel",
+                      "DataParallel", "Distribution"), module.__name__)
+    _require(module.Distribution, ("get_variable_layout", "get_data_layout", "batch_dim_name", "auto_shard_dataset"),
+             "Distribution")
+    _require(module.TensorLayout, ("axes", "device_mesh", "backend_layout"), "TensorLayout")
+    _require(module.DeviceMesh, ("axis_names", "shape", "devices", "backend_mesh"), "DeviceMesh")
+    _require(keras_modules.global_state(), ("get_global_attribute",), "global_state")
+    mesh = module.DeviceMesh((1,), ["model"], ["cpu:0"])
+    layout = module.TensorLayout([None, "model"], mesh)
+    if tuple(layout.axes) != (None, "model") or tuple(mesh.axis_names) != ("model",):
+        raise ValueError(f"TensorLayout/DeviceMesh keep axes {layout.axes!r}, {mesh.axis_names!r}")
+    return "distribution(), DeviceMesh, TensorLayout (axes, backend_layout), Distribution layouts"
+
+
+def check_variable_internals() -> str:
+    variable_class = keras_modules.core().Variable
+    base = keras_modules.base_variable_class()
+    if not issubclass(variable_class, base):
+        raise TypeError(f"{variable_class.__qualname__} does not derive from the common Variable")
+    _require(variable_class, ("_initialize", "_direct_assign", "_convert_to_tensor"), "the torch Variable")
+    _require(base, ("_validate_shape", "__repr__", "path", "trainable", "value"), "the common Variable")
+    variable = variable_class(initializer=[[1.0, 2.0]], dtype="float32", name="selfcheck_variable")
+    for name in ("_value", "_dtype", "_shape"):
+        if name not in vars(variable):
+            raise AttributeError(f"a Variable keeps no {name} (has {', '.join(sorted(vars(variable)))})")
+    import torch
+
+    if not isinstance(variable._value, torch.nn.Parameter):
+        raise TypeError(f"a torch Variable holds a {type(variable._value).__name__}, not an nn.Parameter")
+    return "torch Variable _initialize, _direct_assign; _value (an nn.Parameter), _dtype, _shape"
+
+
+def check_variable_layouts() -> str:
+    if keras_modules.native_layout_variables():
+        return "Keras' own layout-aware variables (_initialize_distributed): kept"
+    if keras_modules.variables_take_layouts():
+        return "the common Variable takes layout= and keeps it as _layout"
+    _takes(keras_modules.base_variable_class().__init__, "kwargs")
+    return "the common Variable drops layout= (before 3.15): the integration keeps it as _layout"
+
+
+def check_optimizer_slot_layouts() -> str:
+    source = inspect.getsource(keras_modules.base_optimizer_class().add_variable_from_reference)
+    if "_layout" not in source:
+        raise ValueError("BaseOptimizer.add_variable_from_reference no longer passes its reference's _layout: "
+                         "optimizer slots of sharded variables would be whole on every rank")
+    return "BaseOptimizer.add_variable_from_reference gives a slot its reference's _layout"
+
+
+def check_trainer_steps() -> str:
+    trainer_class = keras_modules.trainer_class()
+    for kind in ("train", "test", "predict"):
+        _takes(getattr(trainer_class, f"make_{kind}_function"), "force")
+    _require(trainer_class, ("train_step", "_compute_loss", "compute_metrics"), trainer_class.__qualname__)
+    _takes(trainer_class._compute_loss, "x", "y", "y_pred", "sample_weight", "training")
+    return f"{trainer_class.__qualname__}.make_*_function(force), train_step, _compute_loss, compute_metrics"
+
+
+def check_compiled_step_state() -> str:
+    import keras
+
+    model = keras.Sequential([keras.layers.Dense(1, name="selfcheck_dense")], name="selfcheck_model")
+    model.build((None, 2))
+    model.compile(optimizer=keras.optimizers.SGD(name="selfcheck_sgd"), loss="mse")
+    _require(model, ("_loss_tracker", "_call_has_training_arg", "_flatten_layers", "_clear_losses", "jit_compile",
+                     "run_eagerly", "zero_grad", "train_function", "test_function", "predict_function"),
+             "a compiled model")
+    _require(model.layers[0], ("_losses",), "a layer")
+    _require(model.optimizer, ("scale_loss", "apply"), "an optimizer")
+    _require(keras_modules.data_adapter_utils(), ("unpack_x_y_sample_weight",), "data_adapter_utils")
+    return ("model _loss_tracker, _call_has_training_arg, _flatten_layers, _clear_losses, zero_grad, *_function; "
+            "layer _losses")
+
+
+def check_compile_hooks() -> str:
+    trainer_class = keras_modules.trainer_class()
+    if keras_modules.native_promotion_mode():
+        _require(trainer_class, ("_use_torch_compile",), trainer_class.__qualname__)
+        _require(keras_modules.core(), ("_get_dtensor_promotion_mode",), "the torch backend's core")
+        return "Keras' promotion mode (activate_dtensor_promotion) and _use_torch_compile: replaced while patched"
+    ddp = "present" if hasattr(trainer_class, "_initialize_ddp") else "absent"
+    return f"no promotion mode of Keras' own; _initialize_ddp {ddp}"
+
+
+def check_backend_ops() -> str:
+    from .sharded_ops import ARG_REDUCTIONS
+
+    _require(keras_modules.core(), ("convert_to_numpy", "convert_to_tensor", "cast", "get_device", "slice_update"),
+             "the torch backend's core")
+    _require(keras_modules.backend_numpy(), ("take", "einsum", "repeat", "min", "max", "all", "any") + ARG_REDUCTIONS,
+             "the torch backend's numpy")
+    _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy"),
+             "the torch backend's nn")
+    return "core, numpy and nn functions rebound by name where Keras imported them"
+
+
+def check_traceback_filter() -> str:
+    excluded = keras_modules.traceback_utils()._EXCLUDED_PATHS
+    if not isinstance(excluded, tuple) or not all(isinstance(path, str) for path in excluded):
+        raise TypeError(f"traceback_utils._EXCLUDED_PATHS is {excluded!r}, not a tuple of paths")
+    return "traceback_utils._EXCLUDED_PATHS, a tuple of paths Keras' traceback filter hides"
+
+
+def check_layer_call() -> str:
+    layer = keras_modules.layer_class()
+    if "__call__" not in vars(layer):
+        raise AttributeError("Layer.__call__ is inherited, not Layer's own")
+    return "Layer.__call__"
+
+
+def check_data_and_saving() -> str:
+    _require(keras_modules.data_adapters(), ("get_data_adapter", "is_tf_dataset"), "data_adapters")
+    saving = keras_modules.saving_lib()
+    for name in ("save_model", "save_weights_only"):
+        _takes(getattr(saving, name), "model", "filepath")
+    _require(keras_modules.rng_utils(), ("get_random_seed", "set_random_seed"), "rng_utils")
+    return "get_data_adapter, is_tf_dataset; saving_lib.save_model/save_weights_only(model, filepath); rng_utils"
+
+
+CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
+    KerasCheck("modules", "the Keras modules keras_modules names (torch backend, distribution, trainer, saving)",
+               check_modules),
+    KerasCheck("backend_distribution_lib", "the backend package's distribution_lib and the distribution module's",
+               check_backend_distribution_lib),
+    KerasCheck("distribution_api", "DeviceMesh, TensorLayout, Distribution's layouts, global_state",
+               check_distribution_api),
+    KerasCheck("variable_internals", "torch Variable _initialize, _direct_assign, _value, _dtype, _shape",
+               check_variable_internals),
+    KerasCheck("variable_layouts", "the Variable's layout argument / _layout, or _initialize_distributed",
+               check_variable_layouts),
+    KerasCheck("optimizer_slot_layouts", "BaseOptimizer.add_variable_from_reference passes _layout",
+               check_optimizer_slot_layouts),
+    KerasCheck("trainer_steps", "the torch trainer's make_*_function(force), train_step, _compute_loss",
+               check_trainer_steps),
+    KerasCheck("compiled_step_state", "a model's _loss_tracker, _call_has_training_arg, _flatten_layers, _clear_losses, "
+                                      "*_function; a layer's _losses",
+               check_compiled_step_state),
+    KerasCheck("compile_hooks", "3.16's promotion mode and _use_torch_compile; _initialize_ddp", check_compile_hooks),
+    KerasCheck("backend_ops", "the torch backend's core/numpy/nn functions the integration rebinds", check_backend_ops),
+    KerasCheck("layer_call", "Layer.__call__", check_layer_call),
+    KerasCheck("traceback_filter", "traceback_utils._EXCLUDED_PATHS (the paths Keras' filter hides)",
+               check_traceback_filter),
+    KerasCheck("data_and_saving", "get_data_adapter, saving_lib.save_model/save_weights_only, rng_utils",
+               check_data_and_saving),
+)}
+"""Every check by name, in the order they run (tests replace one to simulate a Keras where it fails)."""

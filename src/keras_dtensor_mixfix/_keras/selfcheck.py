@@ -1,0 +1,125 @@
+"""The Keras self-check: every Keras private name or behaviour the integration relies on, on the running Keras.
+
+One named check per name or behaviour (:data:`.checks.CHECKS`). The checks run in a fresh subprocess
+(Keras on the torch backend, the package off there): they build a variable and a one-layer model, which
+would advance Keras' automatic names and random state in the user's process (and which a Keras still
+half-imported, as it is when auto-activation installs the integration, could not build).
+``python -m keras_dtensor_mixfix doctor`` prints each check; the Keras gate (:mod:`.keras_gate`) runs it
+before installing into a Keras newer than the newest tested one, when the user opted in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import List, Optional, Tuple
+
+from .._torch.selfcheck import CheckResult
+from . import keras_modules
+from .checks import CHECKS
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasSelfCheckReport:
+    """The results of one run of the Keras self-check."""
+
+    keras_version: str
+    results: Tuple[CheckResult, ...]
+    where: str
+    """How it ran: in this process, or in a subprocess (Keras was still being imported here)."""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(result.ok for result in self.results)
+
+    @property
+    def failed(self) -> Tuple[CheckResult, ...]:
+        return tuple(result for result in self.results if not result.ok)
+
+    def summary(self) -> str:
+        """One line: all passed, or the failing checks with what they saw."""
+        if self.ok:
+            return f"Keras self-check passed ({len(self.results)} checks of Keras internals, Keras {self.keras_version})"
+        failed = self.failed
+        if not failed:
+            return f"Keras self-check failed on Keras {self.keras_version}: no check ran"
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more: {', '.join(r.name for r in failed[1:])})" if len(failed) > 1 else ""
+        return (f"Keras self-check failed on Keras {self.keras_version}: check {first.name!r} ({first.relies_on}): "
+                f"{first.detail}{more}")
+
+
+def _run_here() -> Tuple[CheckResult, ...]:
+    results: List[CheckResult] = []
+    for check in CHECKS.values():
+        try:
+            results.append(CheckResult(check.name, check.relies_on, True, check.run()))
+        except Exception as exc:  # noqa: BLE001 - a failing check is a result, not a crash
+            results.append(CheckResult(check.name, check.relies_on, False, " ".join(f"{type(exc).__name__}: {exc}"
+                                                                                    .split())))
+    return tuple(results)
+
+
+def _run_in_subprocess() -> Tuple[CheckResult, ...]:
+    env = dict(os.environ, KERAS_DTENSOR_MIXFIX="0", KERAS_BACKEND="torch")  # the child checks Keras as it is
+    stderr = ""
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__, "--json"], capture_output=True, text=True, env=env,
+                              timeout=300)
+        stderr = done.stderr
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        return tuple(CheckResult(**row) for row in rows)
+    except Exception as exc:  # noqa: BLE001 - a child that did not report: every check failed, with why
+        last = (stderr.strip().splitlines() or [""])[-1]
+        text = " ".join(f"the Keras self-check subprocess failed: {type(exc).__name__}: {exc} {last}".split())
+        return tuple(CheckResult(check.name, check.relies_on, False, text) for check in CHECKS.values())
+
+
+def run_self_check() -> KerasSelfCheckReport:
+    """Run every check now, in a fresh subprocess."""
+    return KerasSelfCheckReport(keras_modules.running_keras_version(), _run_in_subprocess(), "in a subprocess")
+
+
+_cache_lock = threading.Lock()
+_cached: Optional[KerasSelfCheckReport] = None
+
+
+def self_check() -> KerasSelfCheckReport:
+    """The Keras self-check's report, run once per process (Keras does not change under a running process)."""
+    global _cached
+    with _cache_lock:
+        if _cached is None:
+            _cached = run_self_check()
+            log.debug("keras_dtensor_mixfix: %s", _cached.summary())
+        return _cached
+
+
+def clear_cache() -> None:
+    """Forget the cached report (tests that simulate a failing check)."""
+    global _cached
+    with _cache_lock:
+        _cached = None
+
+
+def _main(argv: List[str]) -> int:
+    import keras  # noqa: F401 - the checks need Keras imported (KERAS_BACKEND=torch)
+
+    report = KerasSelfCheckReport(keras_modules.running_keras_version(), _run_here(), "here")
+    if "--json" in argv:
+        sys.stdout.write(json.dumps([dataclasses.asdict(result) for result in report.results]) + "\n")
+    else:
+        for result in report.results:
+            sys.stdout.write(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}\n")
+        sys.stdout.write(report.summary() + "\n")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

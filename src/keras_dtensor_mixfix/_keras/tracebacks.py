@@ -1,0 +1,25 @@
+"""Keras' traceback filter hides the integration's frames, as it hides Keras' own.
+
+Keras removes its internal frames from the traceback of an error raised in a model's call or a step
+(``keras.config.enable_traceback_filtering``, on by default). The integration wraps some of those
+internals (the step functions, ``Layer.__call__``): without this, the traceback of a user's own mistake
+would show the wrappers' frames, which Keras alone would not, and so differ from the same program
+without the package. With filtering off, every frame shows, ours included.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import keras_modules
+from .._lifecycle.recorder import PatchRecorder
+
+INTEGRATION_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+"""Where the integration's wrappers live (this package's ``_keras``): its frames are hidden."""
+
+
+def install(patches: PatchRecorder) -> None:
+    traceback_utils = keras_modules.traceback_utils()
+    excluded = tuple(traceback_utils._EXCLUDED_PATHS)
+    if INTEGRATION_DIRECTORY not in excluded:
+        patches.set(traceback_utils, "_EXCLUDED_PATHS", excluded + (INTEGRATION_DIRECTORY,))
