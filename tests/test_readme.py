@@ -58,7 +58,7 @@ RUN_PER_FILE = {
     "docs/performance.md": (0, 0),
     "docs/rules.md": (2, 5),  # register_rule, a rule pack's doctor (its two files and output)
     "docs/testing.md": (2, 3),  # run_on_ranks and its output, the pytest plugin
-    "docs/troubleshooting.md": (1, 13),  # the command line; every message users see
+    "docs/troubleshooting.md": (1, 15),  # the command line; every message users see
 }
 """What each documentation file runs and checks. A block added or removed changes this too."""
 
@@ -414,6 +414,16 @@ _UNSUPPORTED_TORCH = textwrap.dedent(
 )
 
 
+_UNSUPPORTED_KERAS = textwrap.dedent(
+    """
+    import sys
+    import keras_dtensor_mixfix._keras.keras_modules as keras_modules  # imports no Keras
+    keras_modules.running_keras_version = lambda: sys.argv[1]  # the release the Keras gate sees
+    import keras  # auto-activation decides here
+    """
+)
+
+
 def _packs_that_fail(site: pathlib.Path) -> None:
     site.mkdir()
     (site / "typo_rules.py").write_text(
@@ -445,6 +455,16 @@ def _real_messages(tmp_path: pathlib.Path) -> Dict[str, str]:
                                capture_output=True, text=True, timeout=TIMEOUT)
         assert newer.returncode == 0 and len(newer.stderr.splitlines()) == 1, newer.stdout + newer.stderr
         found[case] = newer.stderr.splitlines()[0]
+
+    from keras_dtensor_mixfix._keras import keras_modules
+
+    newest = keras_modules.NEWEST_KERAS
+    keras_environment = {**_user_environment(), "KERAS_BACKEND": "torch"}
+    for case, version in (("older_keras", "3.11.3"), ("newer_keras", f"{newest[0]}.{newest[1] + 1}.0")):
+        refused = subprocess.run([sys.executable, "-c", _UNSUPPORTED_KERAS, version], env=keras_environment,
+                                 capture_output=True, text=True, timeout=TIMEOUT)
+        assert refused.returncode == 0 and len(refused.stderr.splitlines()) == 1, refused.stdout + refused.stderr
+        found[case] = refused.stderr.splitlines()[0]
 
     _packs_that_fail(tmp_path / "site")
     packs = subprocess.run([sys.executable, "-c", "import keras_dtensor_mixfix as mf; mf.patch()"],

@@ -68,6 +68,7 @@ def doctor(out: TextIO = sys.stdout) -> int:
             _write(out, f"  skipped {qualname}: {why}")
 
     self_check_ok = _doctor_torch(out)
+    keras_ok = _doctor_keras(out)
 
     _write(out, "\nauto-activation")
     _write(out, f"  torch.backends entry point installed: {'yes' if _entry_point_installed() else 'no'}")
@@ -97,7 +98,7 @@ def doctor(out: TextIO = sys.stdout) -> int:
     for entry in entries:
         pending = "  (pending: no such op is defined yet; applies once one is)" if entry.pending else ""
         _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}{pending}")
-    return 0 if self_check_ok else 1
+    return 0 if self_check_ok and keras_ok else 1
 
 
 def _doctor_torch(out: TextIO) -> bool:
@@ -130,12 +131,66 @@ def _doctor_torch(out: TextIO) -> bool:
 
 
 def _keras_version() -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        return f"keras {version('keras')} (backend {os.environ.get('KERAS_BACKEND', 'default')})"
-    except Exception:  # noqa: BLE001
-        return "keras not installed"
+    for distribution in ("keras", "keras-nightly"):
+        try:
+            return f"{distribution} {version(distribution)} (backend {os.environ.get('KERAS_BACKEND', 'default')})"
+        except PackageNotFoundError:
+            continue
+    return "keras not installed"
+
+
+def _doctor_keras(out: TextIO) -> bool:
+    """The Keras integration: the gate's answer for the installed Keras, its state, what it installed and every
+    Keras self-check; returns False only where a check fails on a Keras the integration would install into."""
+    import importlib.util
+
+    from . import _autoload, keras_integration
+    from ._keras import keras_gate, keras_modules
+    from ._keras.selfcheck import self_check
+    from ._rules.env import ALLOW_NEWER_KERAS
+
+    _write(out, "\nKeras integration")
+    if importlib.util.find_spec("keras") is None:
+        _write(out, "  Keras is not installed: nothing to install")
+        return True
+    try:
+        import keras  # noqa: F401 - installs the integration when auto-activation is on
+    except Exception as exc:  # noqa: BLE001 - e.g. KERAS_BACKEND names a backend that is not installed
+        _write(out, f"  Keras could not be imported: {type(exc).__name__}: {exc} (KERAS_BACKEND="
+                    f"{os.environ.get('KERAS_BACKEND', '<unset>')}; the integration needs the torch backend)")
+        return True
+    version, backend = keras_modules.running_keras_version(), keras_modules.backend_name()
+    kind = keras_gate.classify(version)
+    _write(out, f"  Keras {version}, backend {backend}")
+    if kind == keras_gate.SUPPORTED:
+        _write(out, f"  version gate: supported ({keras_gate.supported_releases()})")
+    elif kind == keras_gate.NEWER:
+        _write(out, f"  version gate: newer than the newest tested release ({keras_gate.supported_releases()}); "
+                    f"{ALLOW_NEWER_KERAS}={os.environ.get(ALLOW_NEWER_KERAS, '<unset>')} -> "
+                    + ("installs if the self-check below passes" if keras_gate.opted_in() else
+                       "not installed (set it to 1 to install if the self-check below passes)"))
+    else:
+        _write(out, f"  version gate: not supported: {keras_gate.unsupported_reason(version)}")
+    state = _autoload.keras_state
+    if state == f"off: {keras_gate.unsupported_reason(version)}":
+        state = "off (the version gate above)"
+    elif state == "not installed" and not keras_integration.is_installed():
+        state = "not installed (auto-activation is off; keras_integration.install() installs it)"
+    _write(out, f"  auto-activation: {state}")
+    for line in keras_integration.report():
+        _write(out, f"  installed: {line}")
+    if backend != "torch":
+        _write(out, "  (the integration is for the torch backend: KERAS_BACKEND=torch; self-check not run)")
+        return True
+    report = self_check()
+    _write(out, f"\nself-check of the Keras internals the integration relies on ({report.where})")
+    for result in report.results:
+        _write(out, f"  {'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+    _write(out, f"  {report.summary()}")
+    would_install = kind == keras_gate.SUPPORTED or (kind == keras_gate.NEWER and keras_gate.opted_in())
+    return report.ok or not would_install
 
 
 def _entry_point_installed() -> bool:
