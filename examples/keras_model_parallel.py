@@ -19,7 +19,7 @@ keras.utils.set_random_seed(0)  # the same on every rank, and the same run after
 devices = keras.distribution.list_devices()  # "cpu:0", "cpu:1": one device per process
 mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
 
-layout_map = keras.distribution.LayoutMap(mesh)  # keys are full-path regexes (re.fullmatch)
+layout_map = keras.distribution.LayoutMap(mesh)  # keys: path regexes (re.fullmatch; re.search before 3.15)
 layout_map[".*hidden/kernel"] = (None, "model")  # column-wise
 layout_map[".*hidden/bias"] = ("model",)
 layout_map[".*head/kernel"] = ("model", None)  # row-wise

@@ -23,35 +23,21 @@ def _keras_requirement():
     return next(Requirement(dep) for dep in _pyproject()["project"]["dependencies"] if re.match(r"keras\b", dep))
 
 
-def _tested_keras_versions():
-    """The Keras releases the tests run on: the keras-nightly that .ci/run pins for its Keras 3.16 phase, and
-    the Keras of this environment (the one `pip install -e .[test]` resolved, as in CI's other phases)."""
-    from importlib import metadata
+def test_pyproject_the_keras_gate_ci_and_readme_agree_on_the_keras_range():
+    from keras_dtensor_mixfix._keras import keras_modules
 
-    from packaging.version import Version
-
-    pinned = re.search(r"keras-nightly==(\S+)", (ROOT / ".ci" / "run").read_text())
-    assert pinned, ".ci/run no longer pins keras-nightly: say here which Keras 3.16 CI tests"
-    versions = [Version(pinned.group(1))]
-    for distribution in ("keras", "keras-nightly"):
-        try:
-            versions.append(Version(metadata.version(distribution)))
-        except metadata.PackageNotFoundError:
-            pass
-    return versions
-
-
-def test_keras_requirement_admits_the_tested_releases_and_stops_before_the_next_minor():
-    # The Keras integration patches Keras internals, so an untested minor release must not install with it.
-    specifier = _keras_requirement().specifier
-    tested = _tested_keras_versions()
-    for version in tested:
-        assert specifier.contains(version, prereleases=True), f"{specifier} refuses Keras {version}, which CI tests"
-    newest = max(tested)
-    next_minor = f"{newest.major}.{newest.minor + 1}"
-    for untested in (f"{next_minor}.0.dev0", f"{next_minor}.0"):
-        assert not specifier.contains(untested, prereleases=True), (
-            f"{specifier} admits Keras {untested}; the newest tested is {newest}")
+    oldest, newest = "%d.%d" % keras_modules.OLDEST_KERAS, "%d.%d" % keras_modules.NEWEST_KERAS
+    # The floor only, as for torch: the run-time gate refuses a newer Keras unless opted in (pyproject's comment).
+    assert str(_keras_requirement().specifier) == f">={oldest}", _keras_requirement()
+    ci = (ROOT / ".ci" / "run").read_text()
+    ci_oldest = re.search(r'^OLDEST_KERAS="(\d+\.\d+)\.\d+"$', ci, re.M)
+    ci_newest = re.search(r"keras-nightly==(\d+\.\d+)\.", ci)
+    assert ci_oldest and ci_oldest.group(1) == oldest, "CI runs the Keras tests on the oldest supported Keras"
+    assert ci_newest and ci_newest.group(1) == newest, "CI runs the Keras tests on the newest supported Keras"
+    checked = {".".join(version.split(".")[:2]) for version in keras_modules.CHECKED_RELEASES}
+    assert {oldest, newest} <= checked
+    for text in ((ROOT / "README.md").read_text(), (ROOT / "docs" / "keras.md").read_text()):
+        assert f"Keras {oldest} to {newest}" in text
 
 
 def test_no_placeholder_project_urls():
