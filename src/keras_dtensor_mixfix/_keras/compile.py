@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from . import keras_modules, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
+from .._torch import api
 from .patches import rebind_everywhere
 
 
@@ -93,6 +94,25 @@ def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, for
         original_make(trainer, force=force)
     finally:
         torch.compile = real_compile  # type: ignore[assignment]
+
+
+def outside_autograd_cache(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``step`` (compiled under a distribution), run with AOTAutograd's on-disk cache off while it compiles.
+
+    The ranks of a host share that cache, and its key did not tell their steps apart: on a (2, 2) mesh, on
+    Keras 3.12.4, ranks 1 and 3 loaded the step ranks 0 and 2 had saved, whose collectives name process groups
+    they are not in ("Could not resolve the process group registered under the name 1"), and the step failed
+    on those ranks and hung on the others (with ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` it ran). Each rank compiles
+    its own step instead; inductor's own cache, keyed by the compiled graph (group names included), stays on.
+    """
+    without_autograd_cache = api.without_autograd_cache
+
+    @functools.wraps(step)
+    def uncached(data: Any) -> Any:
+        with without_autograd_cache():
+            return step(data)
+
+    return uncached
 
 
 def _eagerly(function: Callable[[], Any]) -> Any:

@@ -22,7 +22,7 @@ __all__ = [
     "dtensor_fast_constructor", "dtensor_handles_specially", "propagate_sharding",
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
     "clear_sharding_cache", "dispatch_rule_holder", "registration_handle", "is_traced", "current_compile_id",
-    "aot_autograd_cache", "skipping_save", "reset_compiled_code", "is_masked_partial",
+    "aot_autograd_cache", "skipping_save", "without_autograd_cache", "reset_compiled_code", "is_masked_partial",
 ]
 
 # --------------------------------------------------------------------------- DTensor internals
@@ -187,6 +187,14 @@ def skipping_save(original: Any, skip: Callable[[], bool]) -> Any:
 
     save.__wrapped__ = function  # type: ignore[attr-defined]
     return staticmethod(save)
+
+
+def without_autograd_cache() -> Any:
+    """A context in which torch.compile neither loads nor saves AOTAutograd's on-disk cache entries
+    (``torch._functorch.config.enable_autograd_cache``, patched for the duration; process-wide while it lasts)."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(enable_autograd_cache=False)
 
 
 def reset_compiled_code() -> None:

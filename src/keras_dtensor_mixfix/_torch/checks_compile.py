@@ -59,6 +59,18 @@ def check_aot_autograd_cache(probe: Probe) -> str:
     return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped by skipping_save and restored"
 
 
+def check_autograd_cache_switch(probe: Probe) -> str:
+    import torch._functorch.config as functorch_config
+    from torch._functorch._aot_autograd.autograd_cache import should_use_local_autograd_cache
+
+    before = functorch_config.enable_autograd_cache
+    with api_module().without_autograd_cache():
+        require(functorch_config.enable_autograd_cache is False and not should_use_local_autograd_cache(),
+                "torch._functorch.config.enable_autograd_cache=False does not turn AOTAutograd's local cache off")
+    require(functorch_config.enable_autograd_cache == before, "the patch of enable_autograd_cache was not undone")
+    return "torch._functorch.config.enable_autograd_cache, patched off by without_autograd_cache and restored"
+
+
 def check_dynamo_reset(probe: Probe) -> str:
     import torch
 
