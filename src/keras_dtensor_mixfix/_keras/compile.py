@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from . import keras_modules, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
-from .._torch import api
 from .patches import rebind_everywhere
 
 
@@ -105,7 +104,7 @@ def outside_autograd_cache(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
     on those ranks and hung on the others (with ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` it ran). Each rank compiles
     its own step instead; inductor's own cache, keyed by the compiled graph (group names included), stays on.
     """
-    without_autograd_cache = api.without_autograd_cache
+    from .._torch.api import without_autograd_cache  # imports torch: not at the package's import
 
     @functools.wraps(step)
     def uncached(data: Any) -> Any:

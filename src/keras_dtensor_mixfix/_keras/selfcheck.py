@@ -14,12 +14,11 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
 import sys
 import threading
-from typing import List, Optional, Tuple
+from typing import ClassVar, List, Optional, Tuple
 
-from .._torch.selfcheck import CheckResult
+from .._torch.selfcheck import CheckResult, SelfCheckReport, results_from_subprocess
 from . import keras_modules
 from .checks import CHECKS
 
@@ -27,33 +26,11 @@ log = logging.getLogger("keras_dtensor_mixfix")
 
 
 @dataclasses.dataclass(frozen=True)
-class KerasSelfCheckReport:
-    """The results of one run of the Keras self-check."""
+class KerasSelfCheckReport(SelfCheckReport):
+    """The results of one run of the Keras self-check (``version``: Keras')."""
 
-    keras_version: str
-    results: Tuple[CheckResult, ...]
-    where: str
-    """How it ran: in this process, or in a subprocess (Keras was still being imported here)."""
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.results) and all(result.ok for result in self.results)
-
-    @property
-    def failed(self) -> Tuple[CheckResult, ...]:
-        return tuple(result for result in self.results if not result.ok)
-
-    def summary(self) -> str:
-        """One line: all passed, or the failing checks with what they saw."""
-        if self.ok:
-            return f"Keras self-check passed ({len(self.results)} checks of Keras internals, Keras {self.keras_version})"
-        failed = self.failed
-        if not failed:
-            return f"Keras self-check failed on Keras {self.keras_version}: no check ran"
-        first = failed[0]
-        more = f" (and {len(failed) - 1} more: {', '.join(r.name for r in failed[1:])})" if len(failed) > 1 else ""
-        return (f"Keras self-check failed on Keras {self.keras_version}: check {first.name!r} ({first.relies_on}): "
-                f"{first.detail}{more}")
+    TITLE: ClassVar[str] = "Keras self-check"
+    SUBJECT: ClassVar[str] = "Keras"
 
 
 def _run_here() -> Tuple[CheckResult, ...]:
@@ -69,17 +46,7 @@ def _run_here() -> Tuple[CheckResult, ...]:
 
 def _run_in_subprocess() -> Tuple[CheckResult, ...]:
     env = dict(os.environ, KERAS_DTENSOR_MIXFIX="0", KERAS_BACKEND="torch")  # the child checks Keras as it is
-    stderr = ""
-    try:
-        done = subprocess.run([sys.executable, "-m", __name__, "--json"], capture_output=True, text=True, env=env,
-                              timeout=300)
-        stderr = done.stderr
-        rows = json.loads(done.stdout.strip().splitlines()[-1])
-        return tuple(CheckResult(**row) for row in rows)
-    except Exception as exc:  # noqa: BLE001 - a child that did not report: every check failed, with why
-        last = (stderr.strip().splitlines() or [""])[-1]
-        text = " ".join(f"the Keras self-check subprocess failed: {type(exc).__name__}: {exc} {last}".split())
-        return tuple(CheckResult(check.name, check.relies_on, False, text) for check in CHECKS.values())
+    return results_from_subprocess(__name__, CHECKS, env)
 
 
 def run_self_check() -> KerasSelfCheckReport:

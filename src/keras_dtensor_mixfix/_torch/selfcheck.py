@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from .checks import CHECKS
 from .probe import PROBE_QUALNAME, Probe  # noqa: F401 - PROBE_QUALNAME: for tests
@@ -43,9 +43,13 @@ class CheckResult:
 
 @dataclasses.dataclass(frozen=True)
 class SelfCheckReport:
-    """The results of one self-check run."""
+    """The results of one self-check run (of torch's internals; the Keras self-check's report derives from it)."""
 
-    torch_version: str
+    TITLE: ClassVar[str] = "self-check"
+    SUBJECT: ClassVar[str] = "torch"
+
+    version: str
+    """The release checked (torch's, or Keras' for the Keras self-check)."""
     results: Tuple[CheckResult, ...]
     where: str
     """How it ran: in this process (a world of one), or in a subprocess (this process has a process group)."""
@@ -60,15 +64,31 @@ class SelfCheckReport:
 
     def summary(self) -> str:
         """One line: all passed, or the failing checks with what they saw."""
+        release = f"{self.SUBJECT} {self.version}"
         if self.ok:
-            return f"self-check passed ({len(self.results)} checks of torch internals, torch {self.torch_version})"
+            return f"{self.TITLE} passed ({len(self.results)} checks of {self.SUBJECT} internals, {release})"
         failed = self.failed
         if not failed:
-            return f"self-check failed on torch {self.torch_version}: no check ran"
+            return f"{self.TITLE} failed on {release}: no check ran"
         first = failed[0]
         more = f" (and {len(failed) - 1} more: {', '.join(r.name for r in failed[1:])})" if len(failed) > 1 else ""
-        return (f"self-check failed on torch {self.torch_version}: check {first.name!r} ({first.relies_on}): "
-                f"{first.detail}{more}")
+        return f"{self.TITLE} failed on {release}: check {first.name!r} ({first.relies_on}): {first.detail}{more}"
+
+
+def results_from_subprocess(module: str, checks: Dict[str, Any], env: Dict[str, str]) -> Tuple[CheckResult, ...]:
+    """Run ``python -m module --json`` with ``env`` and read its results; a child that did not report makes
+    every one of ``checks`` (name -> object with ``name`` and ``relies_on``) a failure saying why."""
+    stderr = ""
+    try:
+        done = subprocess.run([sys.executable, "-m", module, "--json"], capture_output=True, text=True, env=env,
+                              timeout=300)
+        stderr = done.stderr
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        return tuple(CheckResult(**row) for row in rows)
+    except Exception as exc:  # noqa: BLE001 - a child that did not report: every check failed, with why
+        last = (stderr.strip().splitlines() or [""])[-1]
+        text = " ".join(f"the self-check subprocess failed: {type(exc).__name__}: {exc} {last}".split())
+        return tuple(CheckResult(check.name, check.relies_on, False, text) for check in checks.values())
 
 
 # --------------------------------------------------------------------------- running them
@@ -122,17 +142,7 @@ def _run_here() -> Tuple[CheckResult, ...]:
 def _run_in_subprocess() -> Tuple[CheckResult, ...]:
     env = dict(os.environ)
     env["KERAS_DTENSOR_MIXFIX"] = "0"  # the child checks torch; it has nothing to patch
-    stderr = ""
-    try:
-        done = subprocess.run([sys.executable, "-m", __name__, "--json"], capture_output=True, text=True, env=env,
-                              timeout=300)
-        stderr = done.stderr
-        rows = json.loads(done.stdout.strip().splitlines()[-1])
-        return tuple(CheckResult(**row) for row in rows)
-    except Exception as exc:  # noqa: BLE001 - a child that did not report: every check failed, with why
-        last = (stderr.strip().splitlines() or [""])[-1]
-        text = " ".join(f"the self-check subprocess failed: {type(exc).__name__}: {exc} {last}".split())
-        return tuple(CheckResult(check.name, check.relies_on, False, text) for check in CHECKS.values())
+    return results_from_subprocess(__name__, CHECKS, env)
 
 
 def _torch_still_importing() -> bool:
