@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from _keras_releases import one_graph
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 VOCAB, LENGTH, HEADS, DEPTH = 32, 6, 2, 4
@@ -197,7 +198,7 @@ def lookup_split_ids(table, ids, table_placements, ids_placements, compiled=Fals
         keras_integration.uninstall()
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=one_graph)], ids=["eager", "compiled"])
 def test_lookup_of_split_ids_in_a_table_split_over_the_same_axis_equals_single_process(compiled):
     """The failure class behind keras_hub's 2-D IndexError: a mask made for this rank's ids applied to
     another batch piece. Every combination of ids split or whole and table split on either mesh axis;
@@ -255,6 +256,7 @@ def compiled_attention(query, key, value, mask):
         keras_integration.uninstall()
 
 
+@one_graph
 def test_compiled_attention_on_head_sharded_operands_equals_single_process():
     """Compiled, attention still runs on each rank's heads: the local pieces were taken with
     ``hasattr(piece, "to_local")``, which TorchDynamo answers False for a DTensor
@@ -310,6 +312,7 @@ def compiled_lookup_then_head_split_projection(table, ids, kernel, mesh_shape, l
         keras_integration.uninstall()
 
 
+@one_graph
 @pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
 def test_compiled_lookup_whose_gradient_arrives_a_partial_sum_equals_single_process(mesh_shape):
     """Compiled, the lookup runs on this rank's vocabulary piece and its result is a plain partial sum, so a
@@ -394,6 +397,7 @@ def compiled_arg_reductions(logits, mesh_shape, layout):
         keras_integration.uninstall()
 
 
+@one_graph
 @pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
 def test_compiled_argmax_over_vocabulary_split_logits_equals_single_process(mesh_shape):
     """Compiled, the winner of each piece is gathered instead of DTensor's handler, whose data-dependent read
@@ -439,6 +443,7 @@ def compiled_one_hot(choices):
         keras_integration.uninstall()
 
 
+@one_graph
 def test_compiled_one_hot_of_a_dtensor_equals_single_process():
     """Compiled, ``one_hot`` of a DTensor encodes each rank's piece: torch's own meets a range check DTensor has no
     strategy for (repros/torch_dtensor_one_hot_compiled.py), and the graph break it made in keras_hub's Qwen MoE
@@ -519,6 +524,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
         np.testing.assert_array_equal(got, want)
 
 
+@one_graph
 def test_cast_of_a_numpy_value_compiles_into_one_graph():
     """keras_hub Gemma's ``q *= ops.cast(1 / np.sqrt(head_dim), q.dtype)``: Keras' cast of a NumPy value broke
     TorchDynamo's graph (it reads the traced array's dtype), and the break left ``q`` a graph input modified in

@@ -5,6 +5,8 @@ Each ``install(patches)`` records every attribute it replaces in the patch recor
 
 - :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
   installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;
+- :mod:`.keras_gate`: which Keras releases the integration installs into (and the opt-in for a newer one);
+- :mod:`.checks`, :mod:`.selfcheck`: the Keras self-check, one named check per Keras internal relied on;
 - :mod:`.backend_lib`: the torch ``distribution_lib`` Keras uses (ours, or Keras' own completed);
 - :mod:`.distribution_lib`: ours, the torch backend of ``keras.distribution`` for a Keras that has none;
 - :mod:`.layouts`: Keras layouts as DTensor meshes and placements, and moving a tensor to one;
@@ -20,6 +22,8 @@ Each ``install(patches)`` records every attribute it replaces in the patch recor
 - :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
 - :mod:`.einsum_kernel_split`: a kernel re-split so that more einsums line up;
 - :mod:`.vocab_parallel_loss`: sparse categorical cross-entropy over class-split logits, never gathered;
+- :mod:`.repeat`: ``repeat`` of a DTensor by a whole number, expanded as Keras 3.15 does (on older Keras);
+- :mod:`.tracebacks`: Keras' traceback filter hides the integration's frames;
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out
   like their parameters.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from . import keras_modules, promotion_mode
+from . import ddp, keras_modules, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
 from .patches import rebind_everywhere
 
@@ -95,14 +95,23 @@ def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, for
         torch.compile = real_compile  # type: ignore[assignment]
 
 
+def compiles_sharded_weights(trainer: Any) -> bool:
+    """Whether ``trainer``'s steps are compiled with sharded weights: under a distribution, or with DTensor weights
+    (a model built under one, used after ``set_distribution(None)``)."""
+    if not trainer.jit_compile or trainer.run_eagerly:
+        return False
+    return keras_modules.distribution() is not None or ddp.holds_dtensor_parameters(trainer)
+
+
 def outside_autograd_cache(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``step`` (compiled under a distribution), run with AOTAutograd's on-disk cache off while it compiles.
+    """``step`` (compiled with sharded weights), run with AOTAutograd's on-disk cache off while it compiles.
 
     The ranks of a host share that cache, and its key did not tell their steps apart: on a (2, 2) mesh, on
     Keras 3.12.4, ranks 1 and 3 loaded the step ranks 0 and 2 had saved, whose collectives name process groups
     they are not in ("Could not resolve the process group registered under the name 1"), and the step failed
-    on those ranks and hung on the others (with ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` it ran). Each rank compiles
-    its own step instead; inductor's own cache, keyed by the compiled graph (group names included), stays on.
+    on those ranks and hung on the others (with ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` it ran); so did the steps of
+    the same model compiled again after ``set_distribution(None)``. Each rank compiles its own steps instead;
+    inductor's own cache, keyed by the compiled graph (group names included), stays on.
     """
     from .._torch.api import without_autograd_cache  # imports torch: not at the package's import
 

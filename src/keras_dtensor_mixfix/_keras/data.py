@@ -39,10 +39,11 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
         promotion_mode.sync()  # whether Keras compiles depends on it
         if compile_step.static_shapes(self):
             compile_step.make_with_static_shapes(original_make, self, force)
-            inner = compile_step.outside_autograd_cache(getattr(self, attribute))
         else:
             original_make(self, force=force)
-            inner = getattr(self, attribute)
+        inner = getattr(self, attribute)
+        if compile_step.compiles_sharded_weights(self):
+            inner = compile_step.outside_autograd_cache(inner)
 
         def step(data: Any) -> Any:
             active = keras_modules.distribution()

@@ -1,0 +1,32 @@
+"""Minimal repros of the Keras limitations the package's tests step around; each fails where the limitation is.
+
+Each runs as a strict expected failure on the Keras releases where it shows and must pass on the others, so the
+day a release lifts one, the suite says so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from _keras_releases import OPS_TRACE_IN_ONE_GRAPH
+
+pytest.importorskip("keras", reason="the Keras repros need Keras")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
+
+import keras_ops_fullgraph  # noqa: E402
+
+
+@pytest.mark.xfail(not OPS_TRACE_IN_ONE_GRAPH, strict=True, reason=(
+    "Keras 3.12 to 3.14: any_symbolic_tensors' tree.flatten cannot be traced by TorchDynamo"))
+def test_a_keras_op_traces_in_one_graph():
+    import torch
+
+    try:
+        keras_ops_fullgraph.repro()
+    except torch._dynamo.exc.Unsupported as exc:
+        assert "Failed to trace builtin operator" in str(exc), exc
+        raise
