@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import sys
-import threading
-from typing import ClassVar, List, Optional, Tuple
+from typing import ClassVar, List, Tuple
 
-from .._torch.selfcheck import CheckResult, SelfCheckReport, results_from_subprocess
+from .._torch.selfcheck import CheckResult, ReportCache, SelfCheckReport, results_from_subprocess
 from . import keras_modules
 from .checks import CHECKS
-
-log = logging.getLogger("keras_dtensor_mixfix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,25 +50,17 @@ def run_self_check() -> KerasSelfCheckReport:
     return KerasSelfCheckReport(keras_modules.running_keras_version(), _run_in_subprocess(), "in a subprocess")
 
 
-_cache_lock = threading.Lock()
-_cached: Optional[KerasSelfCheckReport] = None
+_cache = ReportCache(lambda: run_self_check())  # looked up at each run: tests replace run_self_check
 
 
-def self_check() -> KerasSelfCheckReport:
+def self_check() -> SelfCheckReport:
     """The Keras self-check's report, run once per process (Keras does not change under a running process)."""
-    global _cached
-    with _cache_lock:
-        if _cached is None:
-            _cached = run_self_check()
-            log.debug("keras_dtensor_mixfix: %s", _cached.summary())
-        return _cached
+    return _cache.get()
 
 
 def clear_cache() -> None:
     """Forget the cached report (tests that simulate a failing check)."""
-    global _cached
-    with _cache_lock:
-        _cached = None
+    _cache.clear()
 
 
 def _main(argv: List[str]) -> int:

@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from .checks import CHECKS
 from .probe import PROBE_QUALNAME, Probe  # noqa: F401 - PROBE_QUALNAME: for tests
@@ -174,29 +174,42 @@ def run_self_check() -> SelfCheckReport:
     return SelfCheckReport(_torch_version(), _run_here(), "in this process, on a gloo world of one")
 
 
-_cache_lock = threading.Lock()
-_cached: Optional[SelfCheckReport] = None
+class ReportCache:
+    """A self-check report made once per process (torch and Keras do not change under a running process), and
+    forgotten on demand (tests that simulate a failing check). ``make`` is called under the cache's lock."""
+
+    def __init__(self, make: Callable[[], SelfCheckReport]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._report: Optional[SelfCheckReport] = None
+
+    def get(self) -> SelfCheckReport:
+        with self._lock:
+            if self._report is None:
+                self._report = self._make()
+                log.debug("keras_dtensor_mixfix: %s", self._report.summary())
+            return self._report
+
+    def clear(self) -> None:
+        with self._lock:
+            self._report = None
+
+
+_cache = ReportCache(lambda: run_self_check())  # looked up at each run: tests replace run_self_check
 
 
 def self_check() -> SelfCheckReport:
     """The self-check's report, run once per process (torch does not change under a running process)."""
-    global _cached
     # Imported before the lock: this first import of DTensor may run auto-activation's hook, which asks
     # for this report itself (and runs the check then); the check must not import it under the lock.
     import torch.distributed.tensor  # noqa: F401
 
-    with _cache_lock:
-        if _cached is None:
-            _cached = run_self_check()
-            log.debug("keras_dtensor_mixfix: %s", _cached.summary())
-        return _cached
+    return _cache.get()
 
 
 def clear_cache() -> None:
     """Forget the cached report (tests that simulate a failing check)."""
-    global _cached
-    with _cache_lock:
-        _cached = None
+    _cache.clear()
 
 
 def _main(argv: List[str]) -> int:
