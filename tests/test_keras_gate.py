@@ -18,6 +18,7 @@ keras = pytest.importorskip("keras", reason="the Keras gate needs Keras installe
 
 from keras_dtensor_mixfix import keras_integration  # noqa: E402
 from keras_dtensor_mixfix._keras import keras_gate, keras_modules, selfcheck  # noqa: E402
+from keras_dtensor_mixfix._rules import env  # noqa: E402
 
 NEWEST = keras_modules.NEWEST_KERAS
 OLDER = "3.11.3"
@@ -76,7 +77,7 @@ def test_install_and_uninstall_on_a_supported_keras_restore_every_attribute():
 def test_a_newer_keras_opted_in_runs_the_real_self_check_in_a_subprocess(monkeypatch):
     keras_integration.uninstall()
     monkeypatch.setattr(keras_modules, "running_keras_version", lambda: NEWER)
-    monkeypatch.setattr(keras_gate, "_warned_newer", False)
+    monkeypatch.setattr(env, "_warned", set())
     selfcheck.clear_cache()
     try:
         assert keras_integration.install(allow_newer_keras=True)

@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from keras_dtensor_mixfix._keras import keras_gate, keras_modules, selfcheck
+from keras_dtensor_mixfix._rules import env
 from keras_dtensor_mixfix._torch.selfcheck import CheckResult
 
 OLDEST, NEWEST = keras_modules.OLDEST_KERAS, keras_modules.NEWEST_KERAS
@@ -21,7 +22,7 @@ OLDER = f"{OLDEST[0]}.{OLDEST[1] - 1}.3"
 @pytest.fixture(autouse=True)
 def _fresh_gate(monkeypatch):
     monkeypatch.delenv("KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS", raising=False)
-    monkeypatch.setattr(keras_gate, "_warned_newer", False)
+    monkeypatch.setattr(env, "_warned", set())
     selfcheck.clear_cache()
     yield
     selfcheck.clear_cache()

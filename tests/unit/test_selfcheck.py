@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import keras_dtensor_mixfix as mf
-from keras_dtensor_mixfix._lifecycle import torch_gate
+from keras_dtensor_mixfix._rules import env
 from keras_dtensor_mixfix._torch import api, operators, selfcheck, versions
 
 # Derived from the range, so that these tests hold wherever it moves (tools/newest_torch.sh moves it).
@@ -36,7 +36,7 @@ def _dtensor_rules() -> dict:
 def _fresh_gate_and_self_check(monkeypatch):
     # tests/conftest.py sees to the patch state; this resets what the version gate and the self-check remember
     monkeypatch.delenv("KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH", raising=False)
-    monkeypatch.setattr(torch_gate, "_warned_newer", False)
+    monkeypatch.setattr(env, "_warned", set())
     selfcheck.clear_cache()
     yield
     selfcheck.clear_cache()

@@ -14,15 +14,11 @@ alone). Importing this module imports no Keras; :func:`refusal` reads the runnin
 
 from __future__ import annotations
 
-import logging
-import re
-import threading
 from typing import Optional
 
-from .._rules.env import ALLOW_NEWER_KERAS, allow_newer_keras
+from .._rules.env import ALLOW_NEWER_KERAS, allow_newer_keras, warn_once
+from .._torch.versions import release_of
 from . import keras_modules
-
-log = logging.getLogger("keras_dtensor_mixfix")
 
 SUPPORTED = "supported"
 OLDER = "older"
@@ -47,10 +43,9 @@ def install_command() -> str:
 
 def classify(version: str) -> str:
     """``SUPPORTED``, ``OLDER``, ``NEWER`` or ``UNREADABLE`` for a Keras version string (``"3.16.0.dev2026102704"``)."""
-    match = re.match(r"(\d+)\.(\d+)", str(version))
-    if match is None:
+    release = release_of(version)
+    if release is None:
         return UNREADABLE
-    release = (int(match.group(1)), int(match.group(2)))
     if release < keras_modules.OLDEST_KERAS:
         return OLDER
     if release > keras_modules.NEWEST_KERAS:
@@ -81,10 +76,6 @@ def opted_in(allow_newer: Optional[bool] = None) -> bool:
     return allow_newer_keras() if allow_newer is None else bool(allow_newer)
 
 
-_warned_lock = threading.Lock()
-_warned_newer = False
-
-
 def refusal(allow_newer: Optional[bool] = None) -> Optional[str]:
     """None when the integration may install into the running Keras, else why not (one line).
 
@@ -107,15 +98,6 @@ def refusal(allow_newer: Optional[bool] = None) -> Optional[str]:
         return (f"{newer}, but the {report.summary()}; the Keras integration is not installed and Keras runs as it is "
                 f"(`python -m keras_dtensor_mixfix doctor` lists every check); install a supported Keras "
                 f"({install_command()})")
-    _warn_newer_once(f"keras_dtensor_mixfix: {newer}, and the {report.summary()}, so the Keras integration is "
-                     "installed")
+    warn_once(("newer release", "Keras"), "keras_dtensor_mixfix: %s, and the %s, so the Keras integration is installed",
+              newer, report.summary())
     return None
-
-
-def _warn_newer_once(message: str) -> None:
-    global _warned_newer
-    with _warned_lock:
-        if _warned_newer:
-            return
-        _warned_newer = True
-    log.warning("%s", message)

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import ClassVar, List, Tuple
 
-from .._torch.selfcheck import CheckResult, ReportCache, SelfCheckReport, results_from_subprocess
+from .._torch.selfcheck import CheckResult, ReportCache, SelfCheckReport, results_from_subprocess, run_check
 from . import keras_modules
 from .checks import CHECKS
 
@@ -30,14 +30,7 @@ class KerasSelfCheckReport(SelfCheckReport):
 
 
 def _run_here() -> Tuple[CheckResult, ...]:
-    results: List[CheckResult] = []
-    for check in CHECKS.values():
-        try:
-            results.append(CheckResult(check.name, check.relies_on, True, check.run()))
-        except Exception as exc:  # noqa: BLE001 - a failing check is a result, not a crash
-            results.append(CheckResult(check.name, check.relies_on, False, " ".join(f"{type(exc).__name__}: {exc}"
-                                                                                    .split())))
-    return tuple(results)
+    return tuple(run_check(check) for check in CHECKS.values())
 
 
 def _run_in_subprocess() -> Tuple[CheckResult, ...]:

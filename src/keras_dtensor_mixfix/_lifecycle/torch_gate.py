@@ -13,18 +13,10 @@ Importing this module does not import torch: auto-activation consults it while `
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Optional
 
-from .._rules.env import ALLOW_NEWER_TORCH, allow_newer_torch
+from .._rules.env import ALLOW_NEWER_TORCH, allow_newer_torch, warn_once
 from .._torch import versions  # read as attributes at each call: tests simulate another torch there
-
-log = logging.getLogger("keras_dtensor_mixfix")
-
-_warned_lock = threading.Lock()
-_warned_newer = False
-
 
 def opted_in(allow_newer: Optional[bool] = None) -> bool:
     """The opt-in in force: the argument when given, else the environment."""
@@ -57,14 +49,6 @@ def refusal(allow_newer: Optional[bool] = None) -> Optional[str]:
     if not report.ok:
         return (f"{newer}, but the {report.summary()}; `python -m keras_dtensor_mixfix doctor` lists every check; "
                 "install a supported torch")
-    _warn_newer_once(f"keras_dtensor_mixfix: {newer}, and the {report.summary()}, so promotion is on")
+    warn_once(("newer release", "torch"), "keras_dtensor_mixfix: %s, and the %s, so promotion is on", newer,
+              report.summary())
     return None
-
-
-def _warn_newer_once(message: str) -> None:
-    global _warned_newer
-    with _warned_lock:
-        if _warned_newer:
-            return
-        _warned_newer = True
-    log.warning("%s", message)

@@ -32,18 +32,24 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS}
 
-_warned: Set[Tuple[str, str]] = set()
+_warned: Set[Tuple[str, ...]] = set()
 _warned_lock = threading.Lock()
+
+
+def warn_once(key: Tuple[str, ...], message: str, *args: object) -> None:
+    """Log ``message`` at WARNING once per process for each ``key`` (a malformed variable's value, the version
+    gates' one line about a newer release)."""
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning(message, *args)
 
 
 def _warn_once(name: str, raw: str, message: str, *args: object) -> None:
     """Log ``message`` once per process for each (variable, value): the environment is read again at
     auto-activation, at every ``patch()`` and by ``current_options()``, and one bad value is one mistake."""
-    with _warned_lock:
-        if (name, raw) in _warned:
-            return
-        _warned.add((name, raw))
-    log.warning(message, *args)
+    warn_once((name, raw), message, *args)
 
 
 def _parse_bool(name: str, raw: str, fallback: str) -> Optional[bool]:

@@ -75,6 +75,14 @@ class SelfCheckReport:
         return f"{self.TITLE} failed on {release}: check {first.name!r} ({first.relies_on}): {first.detail}{more}"
 
 
+def run_check(check: Any, *args: Any) -> CheckResult:
+    """``check.run(*args)``'s result: what it saw, or, where it raises, the failure it reports."""
+    try:
+        return CheckResult(check.name, check.relies_on, True, check.run(*args))
+    except Exception as exc:  # noqa: BLE001 - a failing check is a result, not a crash
+        return CheckResult(check.name, check.relies_on, False, " ".join(f"{type(exc).__name__}: {exc}".split()))
+
+
 def results_from_subprocess(module: str, checks: Dict[str, Any], env: Dict[str, str]) -> Tuple[CheckResult, ...]:
     """Run ``python -m module --json`` with ``env`` and read its results; a child that did not report makes
     every one of ``checks`` (name -> object with ``name`` and ``relies_on``) a failure saying why."""
@@ -122,13 +130,7 @@ def _run_here() -> Tuple[CheckResult, ...]:
         with _world_of_one():
             probe = Probe()
             try:
-                for check in CHECKS.values():
-                    try:
-                        detail = check.run(probe)
-                        results.append(CheckResult(check.name, check.relies_on, True, detail))
-                    except Exception as exc:  # noqa: BLE001 - a failing check is a result, not a crash
-                        text = " ".join(f"{type(exc).__name__}: {exc}".split())
-                        results.append(CheckResult(check.name, check.relies_on, False, text))
+                results.extend(run_check(check, probe) for check in CHECKS.values())
             finally:
                 probe.close()
     except Exception as exc:  # noqa: BLE001 - no world of one: every check not run is a failure
