@@ -17,6 +17,8 @@ _MODEL_FILES = ("test_keras_hub", "test_jax_reference")
 """Files whose names start so hold real-model tests (keras_hub, JAX references): `pytest -m models`."""
 _KERAS_FILES = ("test_keras",)
 """Files whose names start so test the Keras integration: `pytest -m keras` (CI skips them on the oldest torch)."""
+_TRANSFORMERS_FILES = ("test_transformers",)
+"""Files whose names start so test transformers' tensor parallelism: `pytest -m transformers` (they skip without it)."""
 
 WORLD_SIZES = (2, 4)
 """Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh (``_ranks.mesh_for``)."""
@@ -32,6 +34,9 @@ def pytest_configure(config):
                                        "tests/test_jax_reference*.py); they skip without keras_hub or jax")
     config.addinivalue_line("markers", "keras: the Keras integration (tests/test_keras*.py); CI runs them on the newest "
                                        "torch and on 2.13.0, not on the oldest")
+    config.addinivalue_line("markers", "transformers: transformers' own tensor parallelism on tiny random checkpoints "
+                                       "(tests/test_transformers*.py, the docs/transformers.md program); they skip "
+                                       "without transformers (the `transformers` extra)")
     config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
     config.addinivalue_line("markers", "slow: minutes per test (compiled keras_hub models); skipped unless "
                                        "MIXFIX_TEST_SLOW=1")
@@ -47,6 +52,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.models)
         if os.path.basename(str(item.fspath)).startswith(_KERAS_FILES):
             item.add_marker(pytest.mark.keras)
+        if os.path.basename(str(item.fspath)).startswith(_TRANSFORMERS_FILES):
+            item.add_marker(pytest.mark.transformers)
 
 
 @pytest.fixture(params=WORLD_SIZES, ids=str)
