@@ -24,6 +24,8 @@ import torch_dtensor_one_hot_compiled  # noqa: E402
 import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
+import torch_nll_loss_weighted_mean  # noqa: E402
+import torch_clip_grad_norm_two_meshes  # noqa: E402
 
 
 def _run_repro(repro, *expected, world_size=4):
@@ -71,7 +73,7 @@ def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
                world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: DTensor's argmax along a sharded dim reads its piece's offset "
                           "from a tensor, a data-dependent graph break; worked around in the Keras integration "
@@ -80,7 +82,7 @@ def test_argmax_along_a_sharded_dim_under_torch_compile_fullgraph():
     _run_repro(torch_dtensor_argmax_compiled.repro, "data-dependent expression", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: backward() inside a compiled function makes TorchDynamo compile "
                           "DTensor.__tensor_unflatten__ as frames; the Keras integration runs the step's backward "
@@ -90,9 +92,40 @@ def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
                "TorchDynamo compiled DTensor.__tensor_unflatten__ as a frame", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: one_hot of a DTensor under torch.compile meets "
                           "aten._assert_async.msg, which has no DTensor sharding strategy (keras_hub Qwen MoE compiled)")
 def test_one_hot_of_a_dtensor_under_torch_compile_fullgraph():
     _run_repro(torch_dtensor_one_hot_compiled.repro, "_assert_async", world_size=2)
+
+
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor's class-weighted mean nll_loss over a batch split across "
+                          "ranks averages each rank's own mean (pytorch/pytorch#185167); the package computes the "
+                          "mixed call right (_engine/corrections.py)")
+def test_weighted_mean_nll_loss_over_a_split_batch():
+    _run_repro(torch_nll_loss_weighted_mean.repro, "AssertionError", "Scalars are not close", world_size=2)
+
+
+def _clip_two_meshes_patched():
+    """The repro with the package's patch (rank workers run unpatched otherwise)."""
+    import keras_dtensor_mixfix as mf
+
+    with mf.patched():
+        torch_clip_grad_norm_two_meshes.repro()
+
+
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor refuses ops on operands from two meshes over the same "
+                          "ranks, so clip_grad_norm_ over parameters on two meshes fails; the package takes a whole "
+                          "value on another mesh as a plain tensor (_engine/meshes.py)")
+def test_clip_grad_norm_over_parameters_on_two_meshes():
+    _run_repro(torch_clip_grad_norm_two_meshes.repro, "RuntimeError", "same mesh", world_size=2)
+
+
+def test_clip_grad_norm_over_parameters_on_two_meshes_patched():
+    """The same program with the package: it runs and equals one process."""
+    run_on_ranks(_clip_two_meshes_patched, world_size=2, timeout=300)

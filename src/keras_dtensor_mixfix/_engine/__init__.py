@@ -9,7 +9,8 @@
 5. construct.py   build each promoted DTensor, and the call that carries them.
 6. run.py         run the op; then the plain ``.grad`` hook (grad.py), stats (stats.py).
 
-Beside them: direct.py (plans that skip the re-dispatch), check.py (check mode), opstate.py (per-op
+Beside them: direct.py (plans that skip the re-dispatch), corrections.py (ops DTensor gets wrong after a
+promotion, run as an exact reformulation), check.py (check mode), opstate.py (per-op
 state), caches.py (everything remembered between calls, cleared in one place), context.py (the patch
 state the engine reads).
 """

@@ -60,7 +60,7 @@ NO_OPTIONS_SEEN = FastOptions(None)
 class EngineCaches:
     """The promotion path's caches (see the module docstring)."""
 
-    __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "fast_options")
+    __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "same_ranks", "fast_options")
 
     def __init__(self) -> None:
         # (global shape, mesh, placements) -> this rank's slice of a whole tensor (construct.local_slice).
@@ -73,6 +73,8 @@ class EngineCaches:
         self.local_readings: Any = WeakIdKeyDictionary()
         # id(op) -> OpState (opstate.op_state); each holds its fast-path entries and foreach plans.
         self.op_states: Dict[int, Any] = {}
+        # (mesh, mesh) -> whether the two span the same ranks (meshes.same_ranks).
+        self.same_ranks: Dict[Tuple[Any, Any], bool] = {}
         self.fast_options: FastOptions = NO_OPTIONS_SEEN
 
     def clear(self) -> None:
@@ -82,6 +84,7 @@ class EngineCaches:
         self.whole_layouts.clear()
         self.local_readings.clear()
         self.op_states.clear()
+        self.same_ranks.clear()
         self.fast_options = NO_OPTIONS_SEEN
 
 

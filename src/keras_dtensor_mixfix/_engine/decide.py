@@ -14,6 +14,7 @@ from .._rules.decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, P
 from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._rules.registry import registry
+from .meshes import same_ranks
 from .context import options as _current_options
 
 Decisions = Dict[Position, Decision]
@@ -46,10 +47,21 @@ def decide_operands(call: MixedCall, traits: OpTraits) -> Decided:
                 "its DTensor operands sit on different meshes ("
                 + "; ".join(describe_mesh(m) for m in call.meshes) + "), so there is no single mesh to promote to",
                 operand_label=operand.label, operand=operand.tensor, peers=call.peers,
-                advice="Put the DTensors on one mesh, or register a callable rule that returns Decision(..., mesh=...).",
+                advice=_meshes_advice(call.meshes),
+                rule_advice=False,
             )
         decided.append((operand, check_decision(decision, traits.name, operand, mesh, call.peers), mesh, peer))
     return decided
+
+
+def _meshes_advice(meshes: Any) -> str:
+    if all(same_ranks(meshes[0], other) for other in meshes[1:]):
+        return ("These meshes span the same ranks: a DTensor on another mesh is taken as a plain tensor when each "
+                "rank holds its whole value, so redistribute the DTensors off the op's mesh to Replicate "
+                "(x.redistribute(x.device_mesh, [Replicate()] * x.device_mesh.ndim)), or put the DTensors on one "
+                "mesh.")
+    return ("These meshes span different ranks, so no rank holds every operand: put the DTensors on one mesh "
+            "(DTensor.from_local(x.to_local(), mesh, placements) where each rank's piece is what it should hold).")
 
 
 def decide(call: MixedCall, rule: Any, traits: OpTraits) -> Decisions:
@@ -87,7 +99,8 @@ def _resolve(answer: Any, call: MixedCall, traits: OpTraits, where: str,
             if operand.position not in answer:
                 raise promotion_error(traits.name, f"the {where}'s answer has no entry for {operand.label} "
                                       f"(position {operand.position})", operand_label=operand.label,
-                                      operand=operand.tensor)
+                                      operand=operand.tensor, rule_advice=False,
+                                      advice="Answer for every operand in call.plain (None: the default rule).")
             value = answer[operand.position]
             decisions[operand.position] = fallback(operand.position) if value is None else as_decision(value, where)
         return decisions

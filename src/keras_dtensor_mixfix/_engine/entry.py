@@ -25,8 +25,9 @@ import torch
 from .._torch.api import custom_op_handler, implicit_replication_enabled, is_mixed_operand_error
 from .caches import CACHES
 from .fast import NOT_FAST, promote_fast
-from .foreach import promote_foreach
+from .foreach import promote_foreach, rows_on_several_meshes
 from .general import promote_general
+from .meshes import as_plain_on_one_mesh
 from .opstate import op_state
 
 Handler = Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]
@@ -35,12 +36,13 @@ Handler = Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]
 _OP_STATES = CACHES.op_states
 
 
-def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
+def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda func, args, kwargs: NotImplemented) -> Callable[..., Any]:
     """The function torch calls for every dispatch of a hooked op on a DTensor.
 
     It must be cheap: it runs on every pure-DTensor call of the op too. It only looks for a
-    plain tensor with more than one element (what torch would reject) and otherwise returns
-    ``NotImplemented`` so torch continues down its own path.
+    plain tensor with more than one element (what torch would reject), or DTensors on different
+    meshes (``handle_meshes``), and otherwise returns ``NotImplemented`` so torch continues down
+    its own path.
     """
     from torch.distributed.tensor import DTensor  # a local of the rule's closure: read faster than a global
 
@@ -60,24 +62,44 @@ def make_dispatch_rule(handle_mixed: Handler) -> Callable[..., Any]:
             # The commonest pure call (a * b), unrolled: ~30 ns less than the loop below.
             first, second = args
             if type(first) is DTensor and type(second) is DTensor:
-                return NotImplemented
-        # _is_mixed_value inlined for positional arguments: no function call per argument.
+                if first._spec.mesh is second._spec.mesh:
+                    return NotImplemented
+                return handle_meshes(func, args, kwargs)
+        # _is_mixed_value inlined for positional arguments: no function call per argument. The first
+        # DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
+        mesh = None
+        other_mesh = False
         for value in args:
             kind = type(value)
             if kind is DTensor:
+                if mesh is None:
+                    mesh = value._spec.mesh
+                elif value._spec.mesh is not mesh:
+                    other_mesh = True
                 continue
             if kind is list or kind is tuple:
                 for item in value:
                     # ``type(item) is DTensor`` first: foreach lists of parameters are long.
-                    if type(item) is not DTensor and isinstance(item, Tensor) and not isinstance(item, DTensor) \
-                            and item.numel() != 1:
+                    if type(item) is DTensor:
+                        if mesh is None:
+                            mesh = item._spec.mesh
+                        elif item._spec.mesh is not mesh:
+                            other_mesh = True
+                    elif isinstance(item, Tensor) and not isinstance(item, DTensor) and item.numel() != 1:
                         return handle_mixed(func, args, kwargs)
             elif isinstance(value, Tensor) and not isinstance(value, DTensor) and value.numel() != 1:
                 return handle_mixed(func, args, kwargs)
         if kwargs:
             for value in kwargs.values():
-                if type(value) is not DTensor and _is_mixed_value(value):
+                if type(value) is DTensor:
+                    if mesh is None:
+                        mesh = value._spec.mesh
+                    elif value._spec.mesh is not mesh:
+                        other_mesh = True
+                elif _is_mixed_value(value):
                     return handle_mixed(func, args, kwargs)
+        if other_mesh:
+            return handle_meshes(func, args, kwargs)
         return NotImplemented
 
     return dtensor_dispatch_rule
@@ -99,7 +121,7 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
         if len(args) == 2 and not kwargs:
             # The commonest pure call (dt.copy_(other), dt.add_(other)), unrolled: ~30 ns less.
             first, second = args
-            if type(first) is DTensor and type(second) is DTensor:
+            if type(first) is DTensor and type(second) is DTensor and first._spec.mesh is second._spec.mesh:
                 return NotImplemented
         result = base_rule(cls, func, types, args, kwargs)
         if result is not NotImplemented or not args:
@@ -143,6 +165,33 @@ def torch_first(promote: Handler) -> Handler:
 
     on_mixed.__wrapped__ = promote  # type: ignore[attr-defined]
     return on_mixed
+
+
+# Fused optimizer kernels: like _foreach_* ops, independent per list index, so rows on two meshes run apart.
+ROW_WISE_OPS = frozenset(f"aten::{name}.{overload}" for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_",
+                                                                   "_fused_adagrad_")
+                         for overload in ("default", "tensor_lr"))
+
+
+def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """A call whose DTensor operands sit on more than one mesh (no plain operand torch would reject).
+
+    Torch raises for it. Where every DTensor off the op's mesh spans the same ranks and holds its whole
+    value on each (meshes.py), the call runs again with those values as plain tensors; otherwise, and
+    inside ``implicit_replication()`` or an op DTensor has its own handler for, torch's path runs (and
+    raises its own error naming both meshes).
+    """
+    if implicit_replication_enabled() or custom_op_handler(func) is not None:
+        return NotImplemented
+    info = op_state(func)
+    if (info.traits.foreach or info.traits.name in ROW_WISE_OPS) and rows_on_several_meshes(args, info.traits):
+        # One call per mesh (the rows of a foreach op are independent); each goes round again.
+        return promote_foreach(func, args, kwargs, info)
+    converted = as_plain_on_one_mesh(args, kwargs)
+    if converted is None:
+        return NotImplemented
+    new_args, new_kwargs = converted
+    return func(*new_args, **new_kwargs)
 
 
 def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:

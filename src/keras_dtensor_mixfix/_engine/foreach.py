@@ -59,6 +59,34 @@ def _row_mesh(args: Tuple[Any, ...], lists: Tuple[int, ...], row: int) -> Tuple[
     return mesh, plain
 
 
+def _row_lists(args: Tuple[Any, ...], traits: OpTraits) -> Tuple[int, ...]:
+    """The positions of the call's list arguments that hold one item per row (an empty list, such as a
+    fused Adam's ``max_exp_avg_sqs`` without amsgrad, holds none and is passed to each group as it is)."""
+    lists = tuple(position for position in traits.lists if position < len(args))
+    if not lists:
+        return lists
+    rows = max(len(args[position]) for position in lists)
+    return tuple(position for position in lists if len(args[position]) == rows)
+
+
+def rows_on_several_meshes(args: Tuple[Any, ...], traits: OpTraits) -> bool:
+    """Whether the rows of a foreach call hold DTensors on more than one mesh (``promote_foreach`` then runs
+    one call per mesh)."""
+    lists = _row_lists(args, traits)
+    if not lists:
+        return False
+    first = None
+    for row in range(len(args[lists[0]])):
+        mesh, _ = _row_mesh(args, lists, row)
+        if mesh is None:
+            continue
+        if first is None:
+            first = mesh
+        elif mesh is not first and mesh != first:
+            return True
+    return False
+
+
 def promote_foreach(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], info: OpState) -> Any:
     """Promote the plain operands of the ``_foreach_*`` call ``func(*args, **kwargs)`` and run it."""
     traits = info.traits
@@ -67,7 +95,7 @@ def promote_foreach(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], in
         result = _foreach_direct(func, args, kwargs, traits, info)
         if result is not _NOT_DIRECT:
             return result
-    lists = tuple(position for position in traits.lists if position < len(args))
+    lists = _row_lists(args, traits)
     rows = len(args[lists[0]])
     # A tensor argument that is not a list: a one-element scalar (torch replicates it) or a
     # per-row tensor of scalars (addcdiv_.Tensor), which is indexed like the lists.

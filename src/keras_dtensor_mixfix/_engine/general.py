@@ -19,6 +19,7 @@ from .construct import local_dtensor, local_piece, new_dtensor, rebuild, whole_d
 from .context import traced_promotions
 from .decide import decide_operands
 from .devices import on_mesh_device
+from .meshes import as_plain_on_one_mesh
 from .operands import build_call, collect_operands
 from .opstate import op_state
 from .placements import cached_whole_layout, local_layout, whole_placements
@@ -30,6 +31,12 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # exact types: eager tensors (a tra
 def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits) -> Any:
     """Promote the plain operands of ``func(*args, **kwargs)`` as their rule decides, and run it."""
     call = build_call(func, args, kwargs, collect_operands(args, kwargs, traits))
+    if call.mesh is None and len(call.meshes) > 1:
+        # DTensors on several meshes: those whose whole value each rank holds become plain (meshes.py),
+        # and the call goes round again; otherwise decide.py names the meshes.
+        converted = as_plain_on_one_mesh(args, kwargs)
+        if converted is not None:
+            return func(*converted[0], **converted[1])
     promoted: Promoted = []
     replacements: Dict[Tuple[Any, ...], DTensor] = {}
     first_plain = None

@@ -9,6 +9,7 @@ from .._rules.ops import op_traits
 from .._rules.registry import registry
 from .._torch.operators import OpOverload, op_callable
 from .caches import CACHES, FastOptions, remember
+from .corrections import corrected
 from .context import options as _current_options
 
 _OP_STATES = CACHES.op_states
@@ -27,7 +28,9 @@ class OpState:
         self.op = op
         self.traits = op_traits(op)
         # OpOverload.__call__ only forwards to ``_op``; calling that directly saves a Python frame.
-        self.call = op_callable(op) if type(op) is OpOverload else op
+        call = op_callable(op) if type(op) is OpOverload else op
+        # An op DTensor computes wrongly after a promotion runs its exact reformulation instead.
+        self.call = corrected(self.traits.name, call) or call
         self.may_fast = not self.traits.foreach
         self.rule: Any = None
         self.version = -1  # the registry's version ``rule`` was looked up at

@@ -75,11 +75,19 @@ def call_op(call: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: Op
 def op_failed(traits: OpTraits, described: Described, args: Tuple[Any, ...],
               kwargs: Dict[str, Any], exc: Exception) -> MixedOperandError:
     text = "; ".join(f"{label} as {kind} {tuple(placements)}" for label, kind, placements in described)
+    if isinstance(exc, NotImplementedError):
+        # DTensor has no sharding strategy for the op at all: no placement of the operands helps.
+        advice = ("DTensor cannot run this op on any layout: run it on plain tensors (pass x.full_tensor() for "
+                  "each DTensor operand, and distribute the result again if you need a DTensor), or register a "
+                  "sharding strategy with torch (torch.distributed.tensor.experimental.register_sharding).")
+    else:
+        advice = ("DTensor has no strategy for these placements: redistribute the DTensor operands to Replicate "
+                  "first (x.redistribute(x.device_mesh, [Replicate()] * x.device_mesh.ndim)), or run the op on "
+                  "plain tensors (x.full_tensor()).")
     return promotion_error(
         traits.name,
         f"after promoting the plain operand(s) ({text}) the op itself failed: {type(exc).__name__}: {exc}",
-        peers=[a for a in dtensors_in(args, kwargs)][:4],
-        advice="If the op has no DTensor sharding strategy, register one with torch or convert the operands yourself.",
+        peers=[a for a in dtensors_in(args, kwargs)][:4], advice=advice, rule_advice=False,
     )
 
 

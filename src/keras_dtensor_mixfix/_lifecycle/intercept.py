@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from .._engine import context
-from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, torch_first
+from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, on_other_meshes, torch_first
 from .._rules.ops import has_two_tensor_inputs, op_key
 from .._torch.api import dispatch_rule_holder, registration_handle
 from .._torch.operators import OpOverload, all_op_names, op_schema
@@ -122,7 +122,7 @@ class DispatchRuleInterceptor:
 
         self._dtensor = DTensor
         handle_mixed = torch_first(handle_mixed)
-        self._rule = make_dispatch_rule(handle_mixed)
+        self._rule = make_dispatch_rule(handle_mixed, on_other_meshes)
         self._write_rule = make_write_rule(self._rule, handle_mixed)
         self._handles: Dict[str, Any] = {}
         self._skipped: Dict[str, str] = {}

@@ -64,20 +64,69 @@ def _is_sharded(tensor: Any) -> bool:
     return isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements)
 
 
-# Mixed calls on which torch 2.13's DTensor itself returns wrong numbers (the op sweep found them
-# wrong with every operand a DTensor too): refused with a clear error rather than promoted into
-# a silently wrong result. Each entry: op -> (condition on the call, what goes wrong).
+def _scatter_dims(call: MixedCall) -> Any:
+    """(self, the scatter dim normalized, index, src) of a ``scatter_add(self, dim, index, src)`` call."""
+    self, dim, index, src = call.args[:4]
+    return self, dim % max(self.ndim, 1), index, src
+
+
+def _split_dims(tensor: Any) -> set:
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(tensor, DTensor):
+        return set()
+    return {p.dim % max(tensor.ndim, 1) for p in tensor.placements if isinstance(p, Shard)}
+
+
+def _scatter_along_split_dim(call: MixedCall) -> bool:
+    """The written tensor is split along the scatter dim (DTensor cannot scatter into it in place)."""
+    self, dim, _, _ = _scatter_dims(call)
+    return dim in _split_dims(self)
+
+
+def _scatter_src_misaligned(call: MixedCall) -> bool:
+    """DTensor's scatter_add strategy keeps a split of ``self`` along a non-scatter dim ``d`` where the index
+    has ``self``'s size on ``d``, and splits ``src`` along ``d`` too without checking its size: a larger
+    ``src`` is then split at other rows than the index (pytorch's scatter strategy checks it, scatter_add's
+    does not)."""
+    self, dim, index, src = _scatter_dims(call)
+    if self.ndim != index.ndim or src.ndim != index.ndim:
+        return False
+    return any(d != dim and index.shape[d] == self.shape[d] and src.shape[d] != index.shape[d]
+               for d in _split_dims(self))
+
+
+_REPLICATE_ADVICE = ("Redistribute the DTensor operands to Replicate first (x.redistribute(x.device_mesh, "
+                     "[Replicate()] * x.device_mesh.ndim)), or run this op on plain tensors.")
+
+# Mixed calls on which torch 2.13's DTensor itself returns wrong numbers or fails obscurely (measured with
+# every operand a DTensor: tools/op_sweep.py): refused with a clear error rather than promoted into a
+# silently wrong result. Each entry: op -> (condition on the call, what goes wrong, what to do instead).
+# The conditions are as narrow as the measured fault: calls outside them are promoted.
 KNOWN_WRONG_IN_DTENSOR = {
     "aten::convolution": (lambda call: _sharded_beyond_batch(call.args[0]) or (
         _is_sharded(call.args[0]) and call.args[0].ndim < call.args[1].ndim),
-        "DTensor's convolution of an input sharded on a channel or spatial dim returns a wrong shape and values"),
-    "aten::addmv_": (lambda call: True, "DTensor's in-place addmv_ loses or garbles the write"),
-    "aten::_batch_norm_with_update": (lambda call: True,
-                                      "DTensor's _batch_norm_with_update updates the running statistics wrongly"),
-    "aten::scatter_add_": (lambda call: _is_sharded(call.args[0]),
-                           "DTensor's scatter_add_ on a sharded tensor leaves a corrupt, rank-dependent result"),
-    "aten::scatter_add": (lambda call: _is_sharded(call.args[0]),
-                          "DTensor's scatter_add on a sharded tensor gives a corrupt, rank-dependent result"),
+        "DTensor's convolution of an input sharded on a channel or spatial dim returns a wrong shape and values",
+        _REPLICATE_ADVICE),
+    "aten::addmv_": (lambda call: True, "DTensor's in-place addmv_ loses or garbles the write", _REPLICATE_ADVICE),
+    "aten::_batch_norm_with_update": (
+        lambda call: 1 in _split_dims(call.args[0]),
+        "DTensor's _batch_norm_with_update of an input split along its channel dim updates the running "
+        "statistics wrongly",
+        "Redistribute the input so that its channel dim (dim 1) is not split (Replicate or Shard(0)) first."),
+    "aten::scatter_add_": (
+        lambda call: _scatter_along_split_dim(call) or _scatter_src_misaligned(call),
+        "DTensor's scatter_add_ into a tensor split along the scatter dim fails with a shape error, and one "
+        "whose src is larger than the index along a split dim scatters the wrong src rows",
+        "Call the out-of-place scatter_add (x = x.scatter_add(dim, index, src)), which DTensor computes right "
+        "here, or redistribute x to Replicate first; a src larger than the index can be narrowed to the "
+        "index's shape (scatter_add reads no more of it)."),
+    "aten::scatter_add": (
+        lambda call: _scatter_src_misaligned(call),
+        "DTensor's scatter_add whose src is larger than the index along a dim the tensor is split on "
+        "scatters the wrong src rows",
+        "Narrow src to the index's shape first (scatter_add reads no more of it: "
+        "src[tuple(slice(0, n) for n in index.shape)]), or redistribute the DTensor operands to Replicate."),
 }
 
 
@@ -85,15 +134,14 @@ def refuse_known_wrong(call: MixedCall) -> Optional[str]:
     """Raise for calls DTensor computes wrongly; otherwise leave the decision to the default (None)."""
     from .errors import promotion_error
 
-    condition, what = KNOWN_WRONG_IN_DTENSOR[packet_name(call.op)]
+    condition, what, advice = KNOWN_WRONG_IN_DTENSOR[packet_name(call.op)]
     if condition(call):
         operand = call.plain[0] if call.plain else None
         raise promotion_error(
             op_key(call.op),
             f"{what} (torch 2.13, measured by the op sweep); promoting the plain operand would hide that",
             operand_label=operand.label if operand else None, operand=operand.tensor if operand else None,
-            peers=call.peers,
-            advice="Redistribute the DTensor operands to Replicate (or run this op on plain tensors) first.",
+            peers=call.peers, advice=advice, rule_advice=False,
         )
     return None
 

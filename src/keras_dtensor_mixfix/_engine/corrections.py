@@ -1,0 +1,159 @@
+"""Ops DTensor computes wrongly, or cannot compute, after a promotion: run by an exact formulation instead.
+
+A promotion hands the op to DTensor's own sharding strategy. For a few ops that strategy gives a
+wrong number with every operand a DTensor too, and promoting the plain operand would turn torch's
+mixed-operand error into that wrong number; for others it has no strategy at all for the promoted
+layout. Where an exact formulation exists (on DTensor's correct ops, or on this rank's local pieces
+where the layout makes the op local), the promoted call runs it instead; ops without one are
+refused (the built-in rule pack's ``KNOWN_WRONG_IN_DTENSOR``). Calls torch accepts unpatched never
+come here.
+
+- ``nll_loss_forward`` / ``nll_loss2d_forward`` with ``reduction="mean"`` over an input split along a
+  non-class dim: DTensor averages each rank's own mean (``Partial("avg")``), which is the global mean
+  only when every rank's denominator is the same. With class weights or an ``ignore_index`` that some
+  targets hit, the denominators differ (pytorch/pytorch#185167; ``repros/torch_nll_loss_weighted_mean.py``).
+  Computed here as the summed loss over the summed weight, as one process does; ``total_weight`` is
+  returned as DTensor's mean strategy returns it (summed over the ranks), so the backward, which DTensor
+  computes right from it, is unchanged.
+- ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
+  its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
+  The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
+  the mask indexes, each rank indexes its own piece and the pieces form the result, split as ``x``
+  is along the dims the mask leaves. Other layouts go to DTensor, which refuses them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate, Shard
+
+from .construct import contiguous_stride, wrap
+
+_MEAN = 1  # torch's Reduction enum: 0 none, 1 mean, 2 sum
+_SUM = 2
+
+Call = Callable[..., Any]
+
+
+def _split_along_non_class_dim(input: Any) -> bool:
+    """Whether a loss input is split over the ranks along a dim other than its class dim (dim 1, or 0 for 1-D)."""
+    if not isinstance(input, DTensor):
+        return False
+    class_dim = 1 if input.ndim >= 2 else 0
+    return any(isinstance(p, Shard) and p.dim % max(input.ndim, 1) != class_dim for p in input.placements)
+
+
+def _nll_loss_mean_over_shards(op: Call) -> Call:
+    def nll_loss_forward(*args: Any, **kwargs: Any) -> Any:
+        # The dispatcher passes the schema's five arguments by position: (input, target, weight, reduction,
+        # ignore_index).
+        if kwargs or len(args) != 5 or args[3] != _MEAN or not _split_along_non_class_dim(args[0]):
+            return op(*args, **kwargs)
+        input, target, weight, _, ignore_index = args
+        total, total_weight = op(input, target, weight, _SUM, ignore_index)
+        # Both are summed over the ranks (Partial("sum")); DTensor's div reduces them before dividing.
+        return torch.ops.aten.div.Tensor(total, total_weight), total_weight
+
+    return nll_loss_forward
+
+
+def _mask_layout(tensor: Any, indices: Any) -> Optional[Tuple[int, int, Any]]:
+    """(first dim the mask indexes, how many, the mask DTensor) when ``indices`` is Nones and one Replicate
+    boolean DTensor mask that indexes no dim ``tensor`` is split along; else None."""
+    if not isinstance(tensor, DTensor) or not isinstance(indices, (list, tuple)):
+        return None
+    masks = [(position, index) for position, index in enumerate(indices) if index is not None]
+    if len(masks) != 1:
+        return None
+    start, mask = masks[0]
+    if not isinstance(mask, DTensor) or mask.dtype is not torch.bool or mask.device_mesh != tensor.device_mesh:
+        return None
+    if not all(isinstance(p, Replicate) for p in mask.placements):
+        return None
+    width = mask.ndim
+    for placement in tensor.placements:
+        if isinstance(placement, Shard):
+            if start <= placement.dim % tensor.ndim < start + width:
+                return None
+        elif not isinstance(placement, Replicate):
+            return None  # Partial: leave it to DTensor
+    return start, width, mask
+
+
+def _after_mask(placements: Any, ndim: int, start: int, width: int) -> Tuple[Any, ...]:
+    """The placements of ``x[mask]`` for ``x``'s: a split dim after the mask's dims moves left by width - 1."""
+    result = []
+    for placement in placements:
+        if isinstance(placement, Shard):
+            dim = placement.dim % ndim
+            result.append(Shard(dim - width + 1) if dim >= start + width else placement)
+        else:
+            result.append(placement)
+    return tuple(result)
+
+
+def _index_by_mask(op: Call) -> Call:
+    def index(*args: Any, **kwargs: Any) -> Any:
+        layout = None if kwargs or len(args) != 2 else _mask_layout(args[0], args[1])
+        if layout is None:
+            return op(*args, **kwargs)
+        tensor, indices = args
+        start, width, mask = layout
+        local_indices = [None] * start + [mask._local_tensor]
+        local = op(tensor._local_tensor, local_indices)
+        placements = _after_mask(tensor.placements, tensor.ndim, start, width)
+        shape = tuple(tensor.shape[:start]) + (local.shape[start],) + tuple(tensor.shape[start + width:])
+        return wrap(local, tensor.device_mesh, placements, shape, contiguous_stride(shape), local.dtype)
+
+    return index
+
+
+def _put_by_mask(op: Call) -> Call:
+    def index_put(*args: Any, **kwargs: Any) -> Any:
+        # index_put(self, indices, values, accumulate=False) and _index_put_impl_(..., unsafe)
+        layout = None if kwargs or len(args) < 3 else _mask_layout(args[0], args[1])
+        if layout is None:
+            return op(*args, **kwargs)
+        tensor, indices, values, *rest = args
+        start, width, mask = layout
+        expected = _after_mask(tensor.placements, tensor.ndim, start, width)
+        if values.ndim == 0 or values.shape[0] == 1 and values.ndim == 1:
+            local_values = values._local_tensor if isinstance(values, DTensor) else values
+            if isinstance(values, DTensor) and not all(isinstance(p, Replicate) for p in values.placements):
+                return op(*args, **kwargs)
+        elif (not isinstance(values, DTensor) or values.device_mesh != tensor.device_mesh
+              or tuple(values.placements) != expected or values.ndim != tensor.ndim - width + 1):
+            return op(*args, **kwargs)
+        else:
+            local_values = values._local_tensor
+        local_indices = [None] * start + [mask._local_tensor]
+        local = op(tensor._local_tensor, local_indices, local_values, *rest)
+        if local is tensor._local_tensor:
+            return tensor  # in place
+        return wrap(local, tensor.device_mesh, tensor.placements, tuple(tensor.shape), tuple(tensor.stride()),
+                    local.dtype)
+
+    return index_put
+
+
+_CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
+    "aten::index.Tensor": _index_by_mask,
+    "aten::index_put.default": _put_by_mask,
+    "aten::index_put_.default": _put_by_mask,
+    "aten::_index_put_impl_.default": _put_by_mask,
+    "aten::nll_loss_forward.default": _nll_loss_mean_over_shards,
+    "aten::nll_loss2d_forward.default": _nll_loss_mean_over_shards,
+}
+
+
+def corrected(name: str, call: Call) -> Optional[Call]:
+    """The correcting replacement of ``call`` (the op ``name``, e.g. ``aten::nll_loss_forward.default``), or None."""
+    make = _CORRECTIONS.get(name)
+    return None if make is None else make(call)
+
+
+CORRECTED_OPS = frozenset(_CORRECTIONS)
+"""The ops with a correction, by overload name (for documentation and tests)."""
