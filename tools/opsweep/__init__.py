@@ -1,6 +1,7 @@
 """The OpInfo sweep behind ``tools/op_sweep.py`` (the CLI), by concern:
 
 * ``sampling``  - ops and samples from torch's OpInfo database, operands and placements to try;
+* ``extra``     - the sweep's own samples: reduction keywords of losses, reduced / indexed dims of size 4;
 * ``values``    - calling a sample, reading and comparing results;
 * ``classify``  - correct / clear_error / wrong / crash, fault attribution, totals;
 * ``differential`` - calls torch accepts unpatched must be unchanged patched: same / differs;

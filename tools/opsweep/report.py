@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .classify import CLASSES, alone_class, attribution, summarize
 from .common import MAX_POSITIONS, short
 from .differential import CONTEXTS, DIFF_CLASSES, NOT_ACCEPTED, summarize_diffs
+from .extra import EXTRA_BASE, EXTRA_TOLERANCE
 from .sampling import NOT_RANDOM
 
 
@@ -106,8 +107,40 @@ def differential_section(records: Sequence[Dict[str, Any]], command: str) -> Lis
     return lines
 
 
+SHARD_TEXT = {
+    "first-even": "`Shard(d)` on the first dim of even size",
+    "even": "`Shard(d)` on every dim of even size in turn (the dims the op reduces over included)",
+    "all": "`Shard(d)` on every dim of size >= 2 in turn (uneven shards included)",
+}
+
+
+def extra_section(records: Sequence[Dict[str, Any]]) -> List[str]:
+    """Per op, the cases on the sweep's own samples (extra.py) by class: where reductions were probed."""
+    cases = [r for r in records if r["t"] == "case" and r["s"] >= EXTRA_BASE]
+    if not cases:
+        return []
+    samples = {(r["op"], r["s"]) for r in records if r["t"] == "sample" and r["s"] >= EXTRA_BASE and r["status"] == "swept"}
+    lines = [f"## The sweep's own samples (reduction keywords, reduced and indexed dims): {len(cases)} cases", "",
+             "Wrong cases and clear errors on them are in the tables above and below with the rest; the sample "
+             "column there ends with what the sample is for, in brackets. `clear, alone correct` = a clear error where "
+             "DTensor alone (other operands Replicate DTensors, unpatched) gives the right values.", "",
+             "| op | samples | cases | correct | clear_error | clear, alone correct | wrong | crash |",
+             "|---|---|---|---|---|---|---|---|"]
+    by_op: Dict[str, List[Dict[str, Any]]] = {}
+    for r in cases:
+        by_op.setdefault(r["op"], []).append(r)
+    for op, rows in sorted(by_op.items()):
+        n = {c: sum(r["cls"] == c for r in rows) for c in CLASSES}
+        could = sum(r["cls"] == "clear_error" and alone_class(r) == "correct" for r in rows)
+        lines.append(f"| `{op}` | {sum(o == op for o, _ in samples)} | {len(rows)} | {n['correct']} | {n['clear_error']} | "
+                     f"{could} | {n['wrong']} | {n['crash']} |")
+    lines.append("")
+    return lines
+
+
 def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, random_ops: Sequence[str],
-                 max_samples: int, elapsed: float, date: Optional[str] = None, note: str = "") -> Dict[str, Any]:
+                 max_samples: int, elapsed: float, date: Optional[str] = None, note: str = "",
+                 shard_dims: str = "all", extra: str = "all") -> Dict[str, Any]:
     import torch
 
     s = summarize(records)
@@ -124,8 +157,19 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     add(f"- up to {max_samples} samples per op from `op.sample_inputs('cpu', float32)` (ops without float32: int64, "
         "else bool), keeping those with >= 2 tensor operands, all float32/int64/bool and non-empty; up to "
         f"{MAX_POSITIONS} operands per sample take a turn as the one DTensor, as `R` = `Replicate()` and as `S(d)` = "
-        "`Shard(d)` on the first dim of even size, built by `distribute_tensor` from the same full tensor on both ranks; "
+        f"{SHARD_TEXT[shard_dims]}, built by `distribute_tensor` from the same full tensor on both ranks; "
         "the other operands stay plain. `op.op` and, where it exists, `op.inplace_variant` (variant `inplace`).")
+    extra_ops = sorted({r["op"] for r in records if r["t"] == "sample" and r["s"] >= EXTRA_BASE})
+    if extra != "none" and extra_ops:
+        add(f"- and the sweep's own samples ({'all' if extra == 'all' else 'the CI subset'} of `tools/opsweep/extra.py`, "
+            f"numbered from {EXTRA_BASE}, in {len(extra_ops)} ops), seeded: the keywords that change a reduction "
+            "(`reduction` mean/sum/none, `weight`, `pos_weight`, `ignore_index` with targets that hit it, "
+            "`label_smoothing`, probability targets) on losses at batch 4 and at batch 3 (uneven shards), and the dims "
+            "scatter/index ops, masked reductions (plain mask), norms (plain weight, bias, running stats) and "
+            "contractions reduce over at size 4; every dim of size >= 2 of their operands is sharded in turn "
+            f"(uneven shards included), and results are compared with rtol and atol at most {EXTRA_TOLERANCE:g} (OpInfo's "
+            "float32 overrides, up to 3e-3, would hide a mean biased by a few percent). Their sample column ends with "
+            "what the sample is for, in brackets.")
     add("- compared with the all-plain run: outputs and every operand after the call (in-place writes), "
         "`assert_close(equal_nan=True)` with the OpInfo's largest float32 tolerance override or rtol=1.3e-6/atol=1e-5; "
         "the two ranks' results are compared with each other too.")
@@ -201,6 +245,7 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
             add("None.")
         add("")
 
+    lines.extend(extra_section(records))
     add(f"## Clear errors by op: {len(clear)} cases in {len({r['op'] for r in clear})} ops")
     add("")
     add("| op | clear / cases | DTensor supports the sample (all Replicate) | DTensor alone, same placements | first message |")

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .classify import classify_exception
 from .common import DEFAULT_MAX_SAMPLES, short
 from .differential import Check, capture, merge_ranks, new_record
+from .extra import EXTRA_TOLERANCE
 from .sampling import op_infos, opinfo_tolerance, pick_positions, pick_samples, placements_for, sample_dtype, seed_for
 from .values import SeededOpFinder, all_dtensor, all_replicate, call, clone_leaves, compare, mark_leaf, to_full, value_digest
 
@@ -74,8 +75,12 @@ def _run_case(item: Dict[str, Any], make_leaves: Any, device_mesh: Any, phase: s
     return cls, short(msg)
 
 
-def sweep_ops(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES) -> List[Dict[str, Any]]:
+def sweep_ops(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES, shard_dims: str = "all",
+              extra: str = "all") -> List[Dict[str, Any]]:
     """Run inside every rank (identical work): the records of the cases of ``op_names``.
+
+    ``shard_dims``: which dims of OpInfo's samples are sharded (``sampling.placements_for``); ``extra``:
+    the sweep's own samples (``extra.extra_samples``: "all", "key" or "none"), sharded on every dim.
 
     Records are dicts with ``t`` = "op" (per op: swept or why not), "sample" (per usable sample:
     description, DTensor support) or "case" (op, kind, sample, operand, placement, cls, msg, ...).
@@ -96,14 +101,15 @@ def sweep_ops(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES) -
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _sweep_ops(op_names, max_samples, device_mesh, infos)
+            return _sweep_ops(op_names, max_samples, device_mesh, infos, shard_dims, extra)
     finally:
         noisy.setLevel(level)
         if was_patched and not mf.is_patched():
             mf.patch()
 
 
-def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, infos: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, infos: Dict[str, Any],
+               shard_dims: str, extra: str) -> List[Dict[str, Any]]:
     import torch
     import torch.distributed as dist
     import keras_dtensor_mixfix as mf
@@ -116,11 +122,11 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
     for name in op_names:
         info = infos[name]
         dtype = sample_dtype(info)
-        rtol, atol = opinfo_tolerance(info, dtype)
+        op_rtol, op_atol = opinfo_tolerance(info, dtype)
         torch.manual_seed(seed_for(name))
         kinds = [("op", info.op)] + ([("inplace", info.inplace_variant)] if info.inplace_variant is not None else [])
         swept, skipped = 0, {}
-        payload = pick_samples(info, dtype, max_samples) if dist.get_rank() == 0 else None
+        payload = pick_samples(info, dtype, max_samples, shard_dims, extra) if dist.get_rank() == 0 else None
         # Rank 0's samples for every rank: some sample_inputs iterate sets (order varies with the
         # per-process hash seed), and every rank must run exactly the same inputs.
         box = [payload]
@@ -129,7 +135,11 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
         if error:
             records.append({"t": "op", "op": name, "status": "skipped", "reason": error})
             continue
-        for index, desc, leaves, labels, spec, tensors in picked:
+        for index, desc, leaves, labels, spec, tensors, shard_mode, tag in picked:
+            rtol, atol = op_rtol, op_atol
+            if tag:  # the sweep's own sample (extra.py): what it is for, and a tolerance that sees a biased mean
+                desc = f"{desc} [{tag}]"
+                rtol, atol = min(rtol, EXTRA_TOLERANCE), min(atol, EXTRA_TOLERANCE)
             for kind, fn in kinds:
                 base = {"op": name, "kind": kind, "s": index}
                 # reference: all plain (twice, to detect random ops the name did not give away)
@@ -167,7 +177,7 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
                 checks.append(Check(new_record(base, "all_replicate", placement="R (all)"), fn, spec,
                                     partial(all_replicate, leaves, device_mesh)))
                 for position in pick_positions(tensors):
-                    for placement in placements_for(leaves[position]):
+                    for placement in placements_for(leaves[position], shard_mode):
                         case = {"t": "case", **base, "pos": labels[position], "placement": str(placement),
                                 "shape": list(leaves[position].shape), "rtol": rtol, "atol": atol}
                         # did torch accept the mixed call without the patch?
@@ -251,8 +261,9 @@ def _merge(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
 
 def run_sweep(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES, chunk_size: int = 50,
               chunk_timeout: float = 900.0, op_timeout: float = 300.0,
-              log: Any = print) -> List[Dict[str, Any]]:
-    """Sweep ``op_names`` on 2 ranks, one ``run_on_ranks`` call per chunk; a failed chunk is rerun op by op."""
+              log: Any = print, shard_dims: str = "all", extra: str = "all") -> List[Dict[str, Any]]:
+    """Sweep ``op_names`` on 2 ranks, one ``run_on_ranks`` call per chunk; a failed chunk is rerun op by op.
+    ``shard_dims`` and ``extra``: see ``sweep_ops``."""
     from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
     records: List[Dict[str, Any]] = []
@@ -260,7 +271,7 @@ def run_sweep(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES, c
     for number, chunk in enumerate(chunks, start=1):
         started = time.monotonic()
         try:
-            got = _merge(run_on_ranks(sweep_ops, chunk, max_samples, world_size=2, timeout=chunk_timeout))
+            got = _merge(run_on_ranks(sweep_ops, chunk, max_samples, shard_dims, extra, world_size=2, timeout=chunk_timeout))
             records.extend(got)
             log(f"chunk {number}/{len(chunks)}: {len(chunk)} ops, {sum(r['t'] == 'case' for r in got)} cases, "
                 f"{time.monotonic() - started:.0f}s")
@@ -269,7 +280,8 @@ def run_sweep(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES, c
             log(f"chunk {number}/{len(chunks)} failed ({exc.exc_type}: {short(exc.message, 150)}); rerunning op by op")
         for name in chunk:
             try:
-                records.extend(_merge(run_on_ranks(sweep_ops, [name], max_samples, world_size=2, timeout=op_timeout)))
+                records.extend(_merge(run_on_ranks(sweep_ops, [name], max_samples, shard_dims, extra, world_size=2,
+                                                   timeout=op_timeout)))
             except RankError as exc:
                 log(f"  {name}: {exc.exc_type}: {short(exc.message, 150)}")
                 tail = short(exc.remote_traceback.strip().splitlines()[-1] if exc.remote_traceback.strip() else "", 80)

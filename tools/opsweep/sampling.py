@@ -7,6 +7,7 @@ import hashlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .common import DEFAULT_ATOL, DEFAULT_RTOL, MAX_POSITIONS, SCAN_LIMIT, describe_sample, short
+from .extra import extra_samples
 
 
 # Ops whose name says they draw random numbers. The words are the ones the sweep's issue lists;
@@ -130,39 +131,59 @@ def pick_positions(tensors: List[int]) -> List[int]:
     return sorted({tensors[round(k * step)] for k in range(MAX_POSITIONS)})
 
 
-def placements_for(tensor: Any) -> List[Any]:
+SHARD_MODES = ("first-even", "even", "all")
+
+
+def placements_for(tensor: Any, mode: str = "all") -> List[Any]:
+    """``Replicate()`` and the ``Shard(d)`` placements to try: on the first dim of even size
+    (``first-even``), on every dim of even size (``even``: the dims an op reduces over included), or
+    on every dim of size >= 2 (``all``: uneven shards too)."""
     from torch.distributed.tensor import Replicate, Shard
 
+    if mode not in SHARD_MODES:
+        raise ValueError(f"shard mode {mode!r}: one of {SHARD_MODES}")
     found = [Replicate()]
     for dim, size in enumerate(tensor.shape):
-        if size >= 2 and size % 2 == 0:
+        if size >= 2 and (mode == "all" or size % 2 == 0):
             found.append(Shard(dim))
-            break
+            if mode == "first-even":
+                break
     return found
 
 
-def pick_samples(info: Any, dtype: Any, max_samples: int) -> Tuple[List[Any], Dict[str, int], str]:
-    """(usable samples as (index, description, leaves, labels, spec, tensor positions), skip counts, error)."""
+def pick_samples(info: Any, dtype: Any, max_samples: int, shard_dims: str = "all",
+                 extra: str = "all") -> Tuple[List[Any], Dict[str, int], str]:
+    """(usable samples as (index, description, leaves, labels, spec, tensor positions, shard mode, tag),
+    skip counts, error): up to ``max_samples`` of OpInfo's (shard mode ``shard_dims``, tag ""), then the
+    sweep's own (``extra.extra_samples``: numbered from ``extra.EXTRA_BASE``, shard mode ``all``)."""
     import pickle
 
     picked: List[Any] = []
     skipped: Dict[str, int] = {}
+
+    def take(index: int, sample: Any, mode: str, tag: str) -> None:
+        leaves, labels, spec = flatten(sample)
+        ok, why, tensors = usable(leaves)
+        if ok:
+            try:
+                pickle.dumps((leaves, spec))
+            except Exception as exc:
+                ok, why = False, f"sample not picklable ({type(exc).__name__})"
+        if not ok:
+            skipped[why] = skipped.get(why, 0) + 1
+            return
+        picked.append((index, describe_sample(sample), leaves, labels, spec, tensors, mode, tag))
+
     try:
         for index, sample in enumerate(info.sample_inputs("cpu", dtype)):
             if index >= SCAN_LIMIT or len(picked) >= max_samples:
                 break
-            leaves, labels, spec = flatten(sample)
-            ok, why, tensors = usable(leaves)
-            if not ok:
-                skipped[why] = skipped.get(why, 0) + 1
-                continue
-            try:
-                pickle.dumps((leaves, spec))
-            except Exception as exc:
-                why = f"sample not picklable ({type(exc).__name__})"
-                skipped[why] = skipped.get(why, 0) + 1
-                continue
-            picked.append((index, describe_sample(sample), leaves, labels, spec, tensors))
+            take(index, sample, shard_dims, "")
     except Exception as exc:
         return [], {}, short(f"sample_inputs raised {type(exc).__name__}: {exc}")
+    try:
+        for index, tag, sample in extra_samples(full_name(info), seed_for(full_name(info)), extra):
+            take(index, sample, "all", tag)
+    except Exception as exc:
+        return [], {}, short(f"the sweep's own samples raised {type(exc).__name__}: {exc}")
     return picked, skipped, ""
