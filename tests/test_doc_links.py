@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "keras_dtensor_mixfix"
 DOCS = ["README.md", "CONTRIBUTING.md"] + sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))
 README_MAX_LINES = 200
-PAGES = ["docs/keras.md", "docs/rules.md", "docs/architecture.md", "docs/performance.md",
+PAGES = ["docs/keras.md", "docs/transformers.md", "docs/rules.md", "docs/architecture.md", "docs/performance.md",
          "docs/troubleshooting.md", "docs/testing.md", "CONTRIBUTING.md"]
 """What README.md's table links to: the pages the documentation is split into."""
 

@@ -10,6 +10,9 @@ marker (an HTML comment on the line before a block) says how a block is run:
 
 - ``<!-- readme-test: ranks=2 -->``: a program for 2 processes, run with ``torchrun --nproc-per-node 2
   --master-addr 127.0.0.1`` (gloo on the loopback);
+- `` requires=MODULE`` after a marker's value (``<!-- readme-test: ranks=2 requires=transformers -->``): the block
+  needs a package that is not a requirement of this one (an extra); it is skipped, saying so, where ``MODULE``
+  is not importable, and carries the pytest marker of that name (``pytest -m transformers`` runs it);
 - ``<!-- readme-test: pytest -->``: a test file, run with ``python -m pytest``;
 - ``<!-- readme-test: file=PATH -->``: a file of a package (a rule pack): written to a project directory
   that the blocks after it see installed (on ``PYTHONPATH``, with the entry points of a ``pyproject.toml``
@@ -32,6 +35,7 @@ torchrun (``PET_MASTER_PORT``).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
@@ -40,7 +44,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -58,6 +62,7 @@ RUN_PER_FILE = {
     "docs/performance.md": (0, 0),
     "docs/rules.md": (2, 5),  # register_rule, a rule pack's doctor (its two files and output)
     "docs/testing.md": (2, 3),  # run_on_ranks and its output, the pytest plugin
+    "docs/transformers.md": (2, 4),  # the tensor- and expert-parallel programs (need transformers), their output
     "docs/troubleshooting.md": (1, 15),  # the command line; every message users see
 }
 """What each documentation file runs and checks. A block added or removed changes this too."""
@@ -81,6 +86,7 @@ SKIPPED = {
 """The first line of every block that is not run. Adding a skip is a decision: it changes this set too."""
 
 _MARKER = re.compile(r"<!--\s*readme-test:\s*([\w-]+)(?:=(.*?))?\s*-->")
+_REQUIRES = re.compile(r"\s+requires=([\w.]+(?:,[\w.]+)*)$")
 _KNOWN_MARKERS = {"ranks", "pytest", "file", "same-as", "part-of", "skip", "output", "message"}
 _SHOWN = ("same-as", "part-of")  # blocks that show (part of) a file of this repository
 _NOT_RUN = ("skip", "file") + _SHOWN
@@ -109,6 +115,7 @@ class Block:
     marker: Optional[str] = None
     value: Optional[str] = None
     output: Optional["Block"] = None  # the ```text block of its documented output
+    requires: Tuple[str, ...] = ()  # modules it needs beyond this package's requirements (``requires=``)
 
     @property
     def id(self) -> str:
@@ -147,6 +154,9 @@ def parse(text: str, path: str) -> List[Block]:
             found = _MARKER.fullmatch(lines[before].strip())
             if found is not None:
                 block.marker, block.value = found.group(1), found.group(2)
+                needs = _REQUIRES.search(block.value or "")
+                if needs is not None:
+                    block.value, block.requires = block.value[:needs.start()], tuple(needs.group(1).split(","))
         blocks.append(block)
         index += 1
     runnable = None
@@ -258,8 +268,16 @@ def test_each_documentation_file_runs_and_checks_what_it_should():
     assert found == RUN_PER_FILE
 
 
-@pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
+def _param(block: Block) -> Any:
+    """A block as a test parameter, with the marker of each module it requires (``pytest -m transformers``)."""
+    return pytest.param(block, id=block.id, marks=[getattr(pytest.mark, module) for module in block.requires])
+
+
+@pytest.mark.parametrize("block", [_param(block) for block in RUN])
 def test_block_runs_as_written(block, tmp_path):
+    missing = [module for module in block.requires if importlib.util.find_spec(module) is None]
+    if missing:
+        pytest.skip(f"{block.where} needs {', '.join(missing)}, which is not installed here")
     work = tmp_path / "work"
     work.mkdir()
     env = _user_environment(_install_files(tmp_path / "project", block))
