@@ -208,19 +208,21 @@ def two_mesh_cases(world_size):
     m = mesh_for(world_size)
     experts = init_device_mesh("cpu", (world_size,), mesh_dim_names=("ep",))  # the same ranks, another mesh
     torch.manual_seed(0)
-    weights = [torch.randn(4, 6), torch.randn(8, 4), torch.randn(6)]
-    grads = [torch.randn(4, 6), torch.randn(8, 4), torch.randn(6)]
+    # a parameter split on the op's mesh, one split on the experts' mesh, one replicated, one plain (a norm weight)
+    weights = [torch.randn(4, 6), torch.randn(8, 4), torch.randn(6), torch.randn(5)]
+    grads = [torch.randn(4, 6), torch.randn(8, 4), torch.randn(6), torch.randn(5)]
     out = {}
     for foreach in (False, True):
         reference = [torch.nn.Parameter(w.clone()) for w in weights]
         for p, g in zip(reference, grads):
             p.grad = g.clone()
         reference_norm = torch.nn.utils.clip_grad_norm_(reference, 1.0, foreach=foreach)
-        layouts = [(m, [Replicate()] * (m.ndim - 1) + [Shard(0)]), (experts, [Shard(0)]), (m, [Replicate()] * m.ndim)]
+        layouts = [(m, [Replicate()] * (m.ndim - 1) + [Shard(0)]), (experts, [Shard(0)]), (m, [Replicate()] * m.ndim),
+                   (None, None)]
         params = []
         for (mesh, placements), w, g in zip(layouts, weights, grads):
-            p = torch.nn.Parameter(shard(w, mesh, placements))
-            p.grad = shard(g, mesh, placements)
+            p = torch.nn.Parameter(w.clone() if mesh is None else shard(w, mesh, placements))
+            p.grad = g.clone() if mesh is None else shard(g, mesh, placements)
             params.append(p)
         kernel = {"foreach": True} if foreach else {"fused": True}  # AdamW's two list kernels
         with mf.patched():
@@ -232,7 +234,7 @@ def two_mesh_cases(world_size):
             close(p.grad, r.grad, f"clip foreach={foreach}: grad {index}")
             close(p, r, f"AdamW {kernel}: parameter {index}")
         # without the package (workers run unpatched outside patched()), torch refuses the same program
-        unpatched = [torch.nn.Parameter(shard(w, mesh, placements)) for (mesh, placements), w in zip(layouts, weights)]
+        unpatched = [torch.nn.Parameter(shard(w, mesh, placements)) for (mesh, placements), w in zip(layouts[:3], weights)]
         for p, g, (mesh, placements) in zip(unpatched, grads, layouts):
             p.grad = shard(g, mesh, placements)
         error = _error(lambda: torch.nn.utils.clip_grad_norm_(unpatched, 1.0, foreach=foreach))  # not patched here

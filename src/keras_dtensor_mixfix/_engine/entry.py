@@ -167,12 +167,6 @@ def torch_first(promote: Handler) -> Handler:
     return on_mixed
 
 
-# Fused optimizer kernels: like _foreach_* ops, independent per list index, so rows on two meshes run apart.
-ROW_WISE_OPS = frozenset(f"aten::{name}.{overload}" for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_",
-                                                                   "_fused_adagrad_")
-                         for overload in ("default", "tensor_lr"))
-
-
 def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """A call whose DTensor operands sit on more than one mesh (no plain operand torch would reject).
 
@@ -184,7 +178,7 @@ def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) ->
     if implicit_replication_enabled() or custom_op_handler(func) is not None:
         return NotImplemented
     info = op_state(func)
-    if (info.traits.foreach or info.traits.name in ROW_WISE_OPS) and rows_on_several_meshes(args, info.traits):
+    if info.traits.row_wise and rows_on_several_meshes(args, info.traits):
         # One call per mesh (the rows of a foreach op are independent); each goes round again.
         return promote_foreach(func, args, kwargs, info)
     converted = as_plain_on_one_mesh(args, kwargs)
@@ -204,5 +198,8 @@ def promote_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> An
         if result is not NOT_FAST:
             return result
     elif info.traits.foreach:
+        return promote_foreach(func, args, kwargs, info)
+    if info.traits.row_wise and rows_on_several_meshes(args, info.traits):
+        # A fused optimizer over parameters on two meshes (and plain ones): one call per mesh, as for foreach.
         return promote_foreach(func, args, kwargs, info)
     return promote_general(func, args, kwargs, info.traits)

@@ -23,6 +23,10 @@ OpLike = Union[str, OpOverload, OpOverloadPacket]
 # DTensor operand element by element, so the peer's sharding can be reused for them.
 _ELEMENTWISE_EXTRA = frozenset({"aten::copy_", "aten::copy", "aten::lerp_", "aten::addcmul_", "aten::addcdiv_"})
 
+# Fused optimizer kernels: like the ``_foreach_*`` ops, independent per list index ("row").
+_FUSED_OPTIMIZERS = frozenset({"aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_sgd_",
+                               "aten::_fused_adagrad_"})
+
 
 def _split_name(text: str) -> tuple[str, str, str | None]:
     """Split ``"aten::mm.default"`` / ``"aten.mm.default"`` / ``"aten::mm"`` into parts."""
@@ -157,29 +161,33 @@ def op_traits(func: OpOverload) -> "OpTraits":
     lists = tuple(index for index, argument in enumerate(schema.arguments)
                   if not argument.kwarg_only and isinstance(argument.type, ListType))
     tensor_lists = tuple(index for index in lists if _is_tensor_type(schema.arguments[index].type.getElementType()))
+    foreach = name.startswith("aten::_foreach_")
     return OpTraits(
         name=op_key(func),
         elementwise=elementwise,
-        foreach=name.startswith("aten::_foreach_"),
+        foreach=foreach,
         written=frozenset(written),
         lists=lists,
         tensor_lists=tensor_lists,
+        row_wise=foreach or name in _FUSED_OPTIMIZERS,
     )
 
 
 class OpTraits:
     """What promotion needs to know about one op overload."""
 
-    __slots__ = ("name", "elementwise", "foreach", "written", "lists", "tensor_lists")
+    __slots__ = ("name", "elementwise", "foreach", "written", "lists", "tensor_lists", "row_wise")
 
     def __init__(self, name: str, elementwise: bool, foreach: bool, written: frozenset[object],
-                 lists: tuple[int, ...] = (), tensor_lists: tuple[int, ...] = ()) -> None:
+                 lists: tuple[int, ...] = (), tensor_lists: tuple[int, ...] = (), row_wise: bool = False) -> None:
         self.name = name
         self.elementwise = elementwise
         self.foreach = foreach
         self.written = written
         self.lists = lists  # positions of the positional list arguments (tensors or scalars)
         self.tensor_lists = tensor_lists  # the Tensor[] ones among them
+        # independent per list index (foreach ops, fused optimizers): rows on two meshes may run apart
+        self.row_wise = row_wise
 
     def __repr__(self) -> str:
         return f"OpTraits({self.name}, elementwise={self.elementwise}, foreach={self.foreach}, written={set(self.written)})"
