@@ -16,9 +16,8 @@ mixed-operand error, while the forward pass (transformers' model code never mixe
 bit for bit, with and without it, and promotes nothing.
 
 Expert parallelism (``DistributedConfig(tp_plan="auto", tp_size=2, ep_size=2)``) puts the experts on a second
-mesh over the same ranks; the same stages run on both mixture-of-experts models there (a strict xfail while
-fused AdamW is refused across the two meshes: ``EXPERT_PARALLEL_XFAIL``), and so does the loop that works there
-today (``UNFUSED_LOOP``: AdamW foreach and for-loop).
+mesh over the same ranks; the same stages run on both mixture-of-experts models there, and AdamW foreach and
+for-loop (``UNFUSED_LOOP``) as well.
 
 ``tp_size`` is given: ``DistributedConfig`` derives it from ``WORLD_SIZE``, which torchrun sets and
 ``run_on_ranks`` does not, and with ``tp_size=1`` transformers would not shard at all. transformers uses the
@@ -350,14 +349,6 @@ def test_the_loop_needs_the_package_and_the_model_does_not(model_type, tmp_path)
             assert found[stage].startswith("RuntimeError") and MIXED in found[stage], (stage, found[stage])
 
 
-EXPERT_PARALLEL_XFAIL = (
-    "AdamW(fused=True) makes one _fused_adamw_ call over parameters sharded on two meshes over the same ranks "
-    "(dense weights on 'tp', experts Shard(0) on 'ep') and plain ones (norms); the package refuses it "
-    "(MixedOperandError: 'its DTensor operands sit on different meshes'), though torch runs that call itself when "
-    "no operand is plain")
-
-
-@pytest.mark.xfail(strict=True, reason=EXPERT_PARALLEL_XFAIL)
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
 def test_expert_parallel_training_loop_equals_one_process(model_type, tmp_path):
     for checked in run_on_ranks(training_loop_equals_one_process, model_type, str(tmp_path), {"ep_size": 2},
