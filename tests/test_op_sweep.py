@@ -1,9 +1,12 @@
 """CI subset of the OpInfo sweep (``tools/op_sweep.py``): representative ops that mix plain tensors and DTensors.
 
-For each op, up to 3 OpInfo samples with two or more tensor operands; each tensor operand in turn is
-made the one DTensor (``Replicate()`` and ``Shard(d)``) on 2 gloo ranks, the rest stay plain, and
-``op.op`` / ``op.inplace_variant`` run under ``keras_dtensor_mixfix.patched()``. Every case must
-be correct or a clear error: no wrong values and no unclear exception.
+For each op, up to 3 OpInfo samples with two or more tensor operands, and the sweep's own key samples
+(``tools/opsweep/extra.py``: a loss's ``weight`` / ``ignore_index`` / ``pos_weight`` with ``reduction="mean"``
+at batch 4 and at batch 3, the scatter / index dim of size 4, ...); each tensor operand in turn is made
+the one DTensor (``Replicate()`` and ``Shard(d)`` on every dim of size >= 2, uneven shards included) on
+2 gloo ranks, the rest stay plain, and ``op.op`` / ``op.inplace_variant`` run under
+``keras_dtensor_mixfix.patched()``. Every case must be correct or a clear error: no wrong values and
+no unclear exception; and a clear error only where DTensor alone fails too.
 
 Differential check on the same samples: every call torch makes without the patch (every operand a
 DTensor, ``Replicate`` and with the case's ``Shard``; mixed calls torch accepts itself; mixed calls
@@ -33,13 +36,57 @@ SUBSET = [
     "nn.functional.embedding", "nn.functional.linear", "nn.functional.cross_entropy", "nn.functional.mse_loss",
     "clamp",  # tensor min/max bounds
     "pow", "atan2", "logaddexp", "einsum",
+    # reductions a sharded operand changes (issue 29): class weights / ignored targets with a mean over a
+    # batch-sharded input, the scatter / index dim sharded, a masked reduction with a plain mask
+    "nn.functional.nll_loss", "nn.functional.binary_cross_entropy_with_logits", "scatter_add", "index_add",
+    "index_put", "masked.sum",
 ]
 MAX_SAMPLES = 3
+EXTRA = "key"        # the sweep's own samples: only those marked key
+SHARD_DIMS = "all"   # every dim of size >= 2, uneven shards included
 
-# (op, variant, sample index, DTensor operand, placement) -> why it is expected to be wrong/crash.
-# Empty: every wrong/crash case in the subset is fixed. Add an entry (with the reason) only for a
-# bug that cannot be fixed at once; it is then excluded from the checks above.
-KNOWN_BUGS: Dict[Tuple[str, str, int, str, str], str] = {}
+# (op, variant, sample index, DTensor operand, placement) -> why it is expected to be wrong/crash (or
+# a clear error where DTensor alone is right). Add an entry (with the reason) only for a bug that cannot
+# be fixed at once; it is then excluded from the checks above, and test_known_bugs_still_fail fails once
+# the case is fixed, so that the entry is removed. Samples numbered from 100 are the sweep's own
+# (tools/opsweep/extra.py). Found by the sweep of issue 29 (every dim sharded, uneven shards included)
+# on 9aa9f62; every one of them is also wrong with every operand a DTensor, except where noted.
+_UNEVEN_MEAN = ("mean over a batch split unevenly across the ranks (5 or 3 rows over 2): DTensor averages the "
+                "ranks' own means")
+_INPLACE_SHARDED_OTHER = ("in-place into a plain (or Replicate) self with a sharded index/src: the write "
+                          "lands in the wrong rows")
+KNOWN_BUGS: Dict[Tuple[str, str, int, str, str], str] = {
+    **{("nn.functional.mse_loss", "op", s, pos, "S(0)"): _UNEVEN_MEAN
+       for s in (1, 103) for pos in ("input", "args[0]")},
+    **{("nn.functional.binary_cross_entropy_with_logits", "op", s, pos, "S(0)"): _UNEVEN_MEAN
+       for s in (2, 108) for pos in ("input", "args[0]")},
+    ("masked_fill", "inplace", 1, "args[0]", "S(0)"): "masked_fill_ into a plain self with a sharded mask",
+    ("masked_fill", "inplace", 1, "args[0]", "S(1)"): "masked_fill_ into a plain self with a sharded mask",
+    ("scatter_add", "inplace", 0, "args[1]", "S(1)"): _INPLACE_SHARDED_OTHER,
+    ("scatter_add", "inplace", 0, "args[2]", "S(1)"): _INPLACE_SHARDED_OTHER,
+    ("scatter_add", "inplace", 100, "args[1]", "S(1)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
+    ("scatter_add", "inplace", 100, "args[2]", "S(1)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
+    ("scatter_add", "inplace", 1, "input", "S(0)"): ("scatter_add_ along dim 1 into a self sharded along dim 0 "
+                                                     "(index/src with fewer rows): returns a local [5, 5] piece; "
+                                                     "refused before 27bc6ff narrowed the refusal"),
+    ("scatter_add", "inplace", 2, "input", "S(0)"): ("scatter_add_ along dim -1 into a self sharded along dim 0 "
+                                                     "(index/src with fewer rows): returns a local [5, 5] piece; "
+                                                     "refused before 27bc6ff narrowed the refusal"),
+    ("index_add", "inplace", 100, "input", "S(0)"): "index_add_ along the sharded dim: returns the local piece",
+    ("index_add", "inplace", 100, "args[1]", "S(0)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
+    ("index_add", "inplace", 100, "args[2]", "S(1)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
+}
+
+# Issue 29's silently wrong means and broad refusals, fixed: they must stay correct. A mean nll_loss /
+# cross_entropy over a batch-sharded input with class weights, ignore_index hit by the targets (one
+# rank's whole piece ignored, or one row), uneven batch; scatter_add out of place along any dim.
+REDUCTION_FIXES = [
+    *[("nn.functional.nll_loss", "op", s, "input", "S(0)") for s in (101, 103, 113, 117)],
+    *[("nn.functional.cross_entropy", "op", s, "input", "S(0)") for s in (101, 103, 119, 124, 131)],
+    ("scatter_add", "op", 100, "input", "S(0)"),
+    ("scatter_add", "op", 100, "input", "S(1)"),
+    ("scatter_add", "op", 0, "input", "S(0)"),
+]
 
 # Cases that once crashed (an in-place op writing into a plain one-element tensor next to a
 # DTensor: torch's DTensor dispatch raised a bare AssertionError): they must stay correct.
@@ -68,7 +115,8 @@ def _describe(record: Dict[str, Any], samples: Dict[Any, Dict[str, Any]]) -> str
 def sweep() -> Dict[str, Any]:
     names, random_ops = op_sweep.select_ops(SUBSET)
     assert not random_ops and len(names) == len(SUBSET), (names, random_ops)
-    records = op_sweep.run_sweep(names, MAX_SAMPLES, chunk_size=len(names), log=lambda message: None)
+    records = op_sweep.run_sweep(names, MAX_SAMPLES, chunk_size=len(names), log=lambda message: None,
+                                 shard_dims=SHARD_DIMS, extra=EXTRA)
     cases = [r for r in records if r["t"] == "case"]
     samples = {(r["op"], r["kind"], r["s"]): r for r in records if r["t"] == "sample"}
     diffs = [r for r in records if r["t"] == "diff"]
@@ -102,6 +150,24 @@ def test_fixed_inplace_write_into_plain_scalar(sweep: Dict[str, Any], case: Tupl
     found = [r for r in sweep["cases"] if _key(r) == case]
     assert found, f"case {case} was not swept (OpInfo samples changed?): update REGRESSIONS"
     assert found[0]["cls"] == "correct", _describe(found[0], sweep["samples"])
+
+
+@pytest.mark.parametrize("case", REDUCTION_FIXES, ids=["/".join(map(str, c)) for c in REDUCTION_FIXES])
+def test_fixed_reduction_over_a_sharded_dim(sweep: Dict[str, Any], case: Tuple[str, str, int, str, str]) -> None:
+    found = [r for r in sweep["cases"] if _key(r) == case]
+    assert found, f"case {case} was not swept (samples changed?): update REDUCTION_FIXES"
+    assert found[0]["cls"] == "correct", _describe(found[0], sweep["samples"])
+
+
+def test_known_bugs_still_fail(sweep: Dict[str, Any]) -> None:
+    """Every KNOWN_BUGS entry is swept and still fails; a fixed one must leave the list (its checks then apply)."""
+    by_key = {_key(r): r for r in sweep["cases"]}
+    missing = [key for key in KNOWN_BUGS if key not in by_key]
+    assert not missing, f"KNOWN_BUGS entries not swept (samples changed?): {missing}"
+    fixed = [by_key[key] for key in KNOWN_BUGS
+             if not (by_key[key]["cls"] in ("wrong", "crash") or (by_key[key]["cls"] == "clear_error" and
+                     by_key[key].get("dtensor_alone", "").split(":")[0] == "correct"))]
+    assert not fixed, "fixed, remove from KNOWN_BUGS:\n" + "\n".join(_describe(r, sweep["samples"]) for r in fixed)
 
 
 # Contexts where torch runs the call as it is: the patch must not act at all.
