@@ -63,7 +63,7 @@ def _implicit_program(world_size):
     index = torch.tensor([[0, 1, 2], [1, 2, 0], [0, 0, 0], [2, 2, 2]])
     source = torch.arange(12.0).reshape(4, 3)
     with implicit_replication():
-        scattered = base.scatter_add(1, index, source)  # the built-in pack refuses this outside the context
+        scattered = base.scatter_add(1, index, source)
         product = base * torch.ones(4, 3) + source
     return scattered, product
 

@@ -98,6 +98,82 @@ def test_weighted_and_ignore_index_mean_losses_over_batch_split_logits_equal_one
     assert len(cases) == 2 * 6 * (1 if world_size == 2 else 3) + 2, cases
 
 
+def elementwise_losses(world_size):
+    import keras_dtensor_mixfix as mf
+
+    m = mesh_for(world_size)
+    torch.manual_seed(0)
+    calls = {
+        "mse": lambda x, t: F.mse_loss(x, t),
+        "huber": lambda x, t: F.huber_loss(x, t, delta=0.5),
+        "smooth_l1": lambda x, t: F.smooth_l1_loss(x, t, beta=0.5),
+        "soft_margin": lambda x, t: F.soft_margin_loss(x, t.sign()),
+        "bce": lambda x, t: F.binary_cross_entropy(x.sigmoid(), t.sigmoid()),
+        "bce weight": lambda x, t: F.binary_cross_entropy(x.sigmoid(), t.sigmoid(), weight=torch.linspace(0.5, 1, 3)),
+        "bce logits": lambda x, t: F.binary_cross_entropy_with_logits(x, t.sigmoid()),
+        "mse sum": lambda x, t: F.mse_loss(x, t, reduction="sum"),
+    }
+    cases = []
+    for rows in (8, 7):  # 7: uneven shards
+        x, t = torch.randn(rows, 3), torch.randn(rows, 3)
+        for name, call in calls.items():
+            reference_input = x.clone().requires_grad_()
+            reference = call(reference_input, t)
+            reference.backward()
+            for placements in _batch_layouts(m):
+                dx = shard(x, m, placements, requires_grad=True)
+                with mf.patched():
+                    loss = call(dx, t)
+                    loss.backward()
+                what = f"{name}, {rows} rows, {placements}"
+                close(loss, reference.detach(), f"{what}: loss")
+                close(dx.grad, reference_input.grad, f"{what}: gradient")
+                cases.append(what)
+    return cases
+
+
+def test_elementwise_losses_mean_over_a_split_batch_value_and_gradient_equal_one_process(world_size):
+    cases = run_on_ranks(elementwise_losses, world_size, world_size=world_size)[0]
+    assert len(cases) == 2 * 8 * (1 if world_size == 2 else 3), cases
+
+
+def writes_into_plain(world_size):
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Replicate, Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(0)
+    base = torch.randn(4, 4)
+    split = lambda d: [Replicate()] * (m.ndim - 1) + [Shard(d)]  # noqa: E731
+    index, src = torch.randint(0, 4, (4, 4)), torch.randn(4, 4)
+    rows, rows_src = torch.tensor([3, 0, 3, 1]), torch.randn(4, 4)
+    mask = torch.rand(4, 4) > 0.5
+    cases = {
+        "scatter_add_": (lambda t, i, s: t.scatter_add_(0, i, s), (index, src)),
+        "index_add_": (lambda t, i, s: t.index_add_(1, i, s, alpha=2), (rows, rows_src)),
+        "index_copy_": (lambda t, i, s: t.index_copy_(0, i, s), (torch.tensor([2, 0, 3, 1]), rows_src)),
+        "masked_fill_": (lambda t, i, s: t.masked_fill_(i, 7.0), (mask, None)),
+    }
+    done = []
+    for name, (call, (first, second)) in cases.items():
+        expected = call(base.clone(), first, second)
+        for dim in (0, 1):
+            plain = base.clone()
+            operands = [shard(first, m, split(dim) if first.ndim > dim else split(0)),
+                        None if second is None else shard(second, m, split(dim))]
+            with mf.patched():
+                result = call(plain, *operands)
+            assert result is plain
+            torch.testing.assert_close(plain, expected, msg=lambda text: f"{name}, operands split on {dim}: {text}")
+            done.append(f"{name} {dim}")
+    return done
+
+
+def test_an_op_writing_into_a_plain_tensor_from_split_operands_writes_the_whole_result(world_size):
+    done = run_on_ranks(writes_into_plain, world_size, world_size=world_size)[0]
+    assert len(done) == 8, done
+
+
 # --------------------------------------------------------------------------- scatter_add
 
 
@@ -133,6 +209,15 @@ def scatter_cases(world_size):
             else:
                 assert error is None, error
                 close(x, expected, f"scatter_add_ dim {dim}, split {split_dim}")
+    # in place into a tensor split along a dim the index is smaller on (DTensor writes a local-shaped result)
+    tall = torch.randn(10, 5)
+    small_index, small_src = torch.randint(0, 5, (5, 5)), torch.randn(5, 5)
+    x = shard(tall, m, split(0))
+    with mf.patched():
+        error = _error(lambda: x.scatter_add_(1, small_index, small_src))
+        assert isinstance(error, mf.MixedOperandError) and "out-of-place scatter_add" in str(error), error
+        x = x.scatter_add(1, small_index, small_src)  # the advice
+    close(x, tall.scatter_add(1, small_index, small_src), "scatter_add_ smaller index: advice followed")
     # src larger than the index along the split dim: DTensor would split src at other rows
     index = torch.randint(0, 6, (4, 6))
     src = torch.randn(8, 6)
@@ -280,6 +365,39 @@ def test_dtensors_on_two_meshes_over_the_same_ranks_clip_and_step_like_one_proce
     assert patched_error == plain_error and "mesh" in plain_error, out["sharded other mesh"]
 
 
+def one_mesh_two_objects(world_size):
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+
+    names = ("dp", "tp") if world_size == 4 else ("tp",)
+    shape = (2, 2) if world_size == 4 else (2,)
+    one, other = (init_device_mesh("cpu", shape, mesh_dim_names=names) for _ in range(2))
+    assert one is not other and one == other  # torch builds a new object each time (submeshes too)
+    if world_size == 4:
+        one, other = one["tp"], other["tp"]
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    results = []
+    for patched in (False, True):
+        a, b = shard(x, one, [Shard(0)]), shard(y, other, [Replicate()])
+        if patched:
+            with mf.patched():
+                out = [a * b, torch.stack([a, b]), torch.ops.aten.addcmul.default(a, b, b)]
+                promoted = mf.stats()
+        else:
+            out = [a * b, torch.stack([a, b]), torch.ops.aten.addcmul.default(a, b, b)]
+        results.append([(o.placements, o.to_local()) for o in out])
+    for (placements, local), (patched_placements, patched_local) in zip(*results):
+        assert placements == patched_placements and torch.equal(local, patched_local)
+    return promoted
+
+
+def test_dtensors_on_two_objects_of_one_mesh_run_torchs_own_path(world_size):
+    for promoted in run_on_ranks(one_mesh_two_objects, world_size, world_size=world_size):
+        assert promoted == {}, promoted
+
+
 # --------------------------------------------------------------------------- advice of other refusals
 
 
@@ -307,20 +425,58 @@ def advice_cases(world_size):
     with mf.patched(), mf.register_rule("mixfix_patterns::fused", "local"):
         again = _error(lambda: torch.ops.mixfix_patterns.fused(da, da.to_local().clone()))
     assert isinstance(again, mf.MixedOperandError), again
-    # a batch norm's running statistics with its input split along channels: refused, advice followed
+    # a training batch norm with its input split along channels: right where the running statistics are plain
+    # (the op then runs on whole values); refused where they are DTensors, and the advice followed works
     x = torch.randn(4, 6, 5)
-    stats = [torch.zeros(6), torch.ones(6)]
-    expected = [s.clone() for s in stats]
+    expected = [torch.zeros(6), torch.ones(6)]
     reference = torch.ops.aten._batch_norm_with_update(x, torch.ones(6), torch.zeros(6), *expected, 0.1, 1e-5)
-    dx = shard(x, m, [Replicate()] * (m.ndim - 1) + [Shard(1)])
+    split_channels = [Replicate()] * (m.ndim - 1) + [Shard(1)]
+    stats = [torch.zeros(6), torch.ones(6)]
     with mf.patched():
-        error = _error(lambda: torch.ops.aten._batch_norm_with_update(dx, torch.ones(6), torch.zeros(6), *stats, 0.1, 1e-5))
+        got = torch.ops.aten._batch_norm_with_update(shard(x, m, split_channels), torch.ones(6), torch.zeros(6),
+                                                     *stats, 0.1, 1e-5)
+    close(got[0], reference[0], "batch norm, plain statistics: output")
+    close(stats[0], expected[0], "batch norm, plain statistics: running mean")
+    close(stats[1], expected[1], "batch norm, plain statistics: running var")
+    replicate = [Replicate()] * m.ndim
+    stats = [shard(torch.zeros(6), m, replicate), shard(torch.ones(6), m, replicate)]
+    dx = shard(x, m, split_channels)
+    with mf.patched():
+        error = _error(lambda: torch.ops.aten._batch_norm_with_update(dx, torch.ones(6), torch.zeros(6), *stats,
+                                                                      0.1, 1e-5))
         assert isinstance(error, mf.MixedOperandError) and "channel dim" in str(error), error
-        dx = dx.redistribute(m, [Replicate()] * (m.ndim - 1) + [Shard(0)])  # the advice
+        dx = dx.redistribute(m, [Replicate()] * (m.ndim - 1) + [Shard(0)])  # the advice: split the batch
         got = torch.ops.aten._batch_norm_with_update(dx, torch.ones(6), torch.zeros(6), *stats, 0.1, 1e-5)
     close(got[0], reference[0], "batch norm: advice followed, output")
-    close(stats[0], expected[0], "batch norm: running mean")
-    close(stats[1], expected[1], "batch norm: running var")
+    close(stats[0], expected[0], "batch norm: advice followed, running mean")
+    close(stats[1], expected[1], "batch norm: advice followed, running var")
+    # binary_cross_entropy_with_logits with pos_weight over a split input: refused; the written-out loss runs
+    logits, targets, pos_weight = torch.randn(4, 3), torch.rand(4, 3), torch.rand(3) + 0.5
+    reference_input = logits.clone().requires_grad_()
+    reference = F.binary_cross_entropy_with_logits(reference_input, targets, pos_weight=pos_weight)
+    reference.backward()
+    dl = shard(logits, m, [Replicate()] * (m.ndim - 1) + [Shard(0)], requires_grad=True)
+    with mf.patched():
+        error = _error(lambda: F.binary_cross_entropy_with_logits(dl, targets, pos_weight=pos_weight))
+        assert isinstance(error, mf.MixedOperandError) and "pos_weight" in str(error), error
+        loss = (pos_weight * targets * F.softplus(-dl) + (1 - targets) * F.softplus(dl)).mean()  # the advice
+        loss.backward()
+    close(loss, reference.detach(), "pos_weight: advice followed, loss")
+    close(dl.grad, reference_input.grad, "pos_weight: advice followed, gradient")
+    # addmv_ into a DTensor: refused; the out-of-place addmv runs right. Into a plain vector: right.
+    vector, matrix, by = torch.randn(6), torch.randn(6, 10), torch.randn(10)
+    expected = torch.addmv(vector, matrix, by)
+    for split_dim in (0, 1):
+        target = shard(vector, m, replicate)
+        split_matrix = shard(matrix, m, [Replicate()] * (m.ndim - 1) + [Shard(split_dim)])
+        with mf.patched():
+            error = _error(lambda: target.addmv_(split_matrix, by))
+            assert isinstance(error, mf.MixedOperandError) and "out-of-place addmv" in str(error), error
+            out = torch.addmv(target, split_matrix, by)  # the advice
+            plain = vector.clone()
+            plain.addmv_(split_matrix, by)
+        close(out, expected, f"addmv, matrix split on {split_dim}: advice followed")
+        close(plain, expected, f"addmv_ into a plain vector, matrix split on {split_dim}")
     return True
 
 

@@ -60,7 +60,7 @@ NO_OPTIONS_SEEN = FastOptions(None)
 class EngineCaches:
     """The promotion path's caches (see the module docstring)."""
 
-    __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "same_ranks", "fast_options")
+    __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "same_ranks", "equal_meshes", "fast_options")
 
     def __init__(self) -> None:
         # (global shape, mesh, placements) -> this rank's slice of a whole tensor (construct.local_slice).
@@ -75,6 +75,10 @@ class EngineCaches:
         self.op_states: Dict[int, Any] = {}
         # (mesh, mesh) -> whether the two span the same ranks (meshes.same_ranks).
         self.same_ranks: Dict[Tuple[Any, Any], bool] = {}
+        # (id(mesh), id(other)) -> (mesh, other), for two distinct mesh objects that are equal (torch makes a new
+        # object per submesh lookup): the dispatch rule's identity test then lets their pure calls through
+        # (entry.make_dispatch_rule). Holding the objects keeps their ids from being reused.
+        self.equal_meshes: Dict[Tuple[int, int], Tuple[Any, Any]] = {}
         self.fast_options: FastOptions = NO_OPTIONS_SEEN
 
     def clear(self) -> None:
@@ -85,6 +89,7 @@ class EngineCaches:
         self.local_readings.clear()
         self.op_states.clear()
         self.same_ranks.clear()
+        self.equal_meshes.clear()
         self.fast_options = NO_OPTIONS_SEEN
 
 

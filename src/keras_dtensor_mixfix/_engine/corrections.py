@@ -15,6 +15,11 @@ come here.
   Computed here as the summed loss over the summed weight, as one process does; ``total_weight`` is
   returned as DTensor's mean strategy returns it (summed over the ranks), so the backward, which DTensor
   computes right from it, is unchanged.
+- The elementwise losses' mean (``mse_loss``, ``huber_loss``, ``smooth_l1_loss``, ``soft_margin_loss``,
+  ``binary_cross_entropy``, ``binary_cross_entropy_with_logits``) over an input split across ranks: DTensor's
+  forward averages each rank's own mean (wrong for uneven shards), and its backward divides by each rank's own
+  element count (a gradient n times too large on n even shards; ``repros/torch_mse_loss_mean_backward.py``).
+  Computed as the sum over the global element count, forward and backward, as one process does.
 - ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
   its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
   The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
@@ -58,6 +63,34 @@ def _nll_loss_mean_over_shards(op: Call) -> Call:
         return torch.ops.aten.div.Tensor(total, total_weight), total_weight
 
     return nll_loss_forward
+
+
+def _split(tensor: Any) -> bool:
+    return isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements)
+
+
+def _elementwise_mean_as_sum(reduction_at: int, operands: Tuple[int, ...]) -> Callable[[Call], Call]:
+    """For an elementwise loss (or its backward) whose ``reduction`` is positional argument ``reduction_at`` and
+    whose elementwise operands are ``operands``: mean = sum / the global element count when one is split."""
+
+    def make(op: Call) -> Call:
+        def loss(*args: Any, **kwargs: Any) -> Any:
+            # torch leaves out trailing arguments equal to their defaults: reduction="mean" is the default
+            reduction = args[reduction_at] if len(args) > reduction_at else _MEAN
+            if kwargs or reduction != _MEAN or not any(_split(args[i]) for i in operands):
+                return op(*args, **kwargs)
+            if len(args) <= reduction_at:
+                args = args + (None,) * (reduction_at - len(args)) + (_MEAN,)  # the defaults before it are None
+            count = 1
+            for size in torch.broadcast_shapes(*(args[i].shape for i in operands)):
+                count *= size
+            summed = list(args)
+            summed[reduction_at] = _SUM
+            return torch.ops.aten.div.Scalar(op(*summed), count)
+
+        return loss
+
+    return make
 
 
 def _mask_layout(tensor: Any, indices: Any) -> Optional[Tuple[int, int, Any]]:
@@ -140,6 +173,20 @@ def _put_by_mask(op: Call) -> Call:
 
 
 _CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
+    # (self, target, reduction, ...) and their backward (grad_output, self, target, reduction, ...)
+    "aten::mse_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
+    "aten::mse_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
+    "aten::huber_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
+    "aten::huber_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
+    "aten::smooth_l1_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
+    "aten::smooth_l1_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
+    "aten::soft_margin_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
+    "aten::soft_margin_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
+    # (self, target, weight, reduction) and (grad_output, self, target, weight, reduction)
+    "aten::binary_cross_entropy.default": _elementwise_mean_as_sum(3, (0, 1)),
+    "aten::binary_cross_entropy_backward.default": _elementwise_mean_as_sum(4, (1, 2)),
+    # (self, target, weight, pos_weight, reduction)
+    "aten::binary_cross_entropy_with_logits.default": _elementwise_mean_as_sum(4, (0, 1)),
     "aten::index.Tensor": _index_by_mask,
     "aten::index_put.default": _put_by_mask,
     "aten::index_put_.default": _put_by_mask,

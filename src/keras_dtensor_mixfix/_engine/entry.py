@@ -27,7 +27,7 @@ from .caches import CACHES
 from .fast import NOT_FAST, promote_fast
 from .foreach import promote_foreach, rows_on_several_meshes
 from .general import promote_general
-from .meshes import as_plain_on_one_mesh
+from .meshes import as_plain_on_one_mesh, one_mesh
 from .opstate import op_state
 
 Handler = Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]
@@ -47,6 +47,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
     from torch.distributed.tensor import DTensor  # a local of the rule's closure: read faster than a global
 
     Tensor = torch.Tensor
+    equal_meshes = CACHES.equal_meshes
 
     def _is_mixed_value(value: Any) -> bool:
         if isinstance(value, Tensor):
@@ -62,8 +63,12 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
             # The commonest pure call (a * b), unrolled: ~30 ns less than the loop below.
             first, second = args
             if type(first) is DTensor and type(second) is DTensor:
-                if first._spec.mesh is second._spec.mesh:
+                mesh, other = first._spec.mesh, second._spec.mesh
+                if mesh is other:
                     return NotImplemented
+                known = equal_meshes.get((id(mesh), id(other)))
+                if known is not None and known[0] is mesh and known[1] is other:
+                    return NotImplemented  # two objects of one mesh
                 return handle_meshes(func, args, kwargs)
         # _is_mixed_value inlined for positional arguments: no function call per argument. The first
         # DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
@@ -75,7 +80,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                 if mesh is None:
                     mesh = value._spec.mesh
                 elif value._spec.mesh is not mesh:
-                    other_mesh = True
+                    other_mesh = True  # or another object of the same mesh: handle_meshes tells
                 continue
             if kind is list or kind is tuple:
                 for item in value:
@@ -175,7 +180,7 @@ def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) ->
     inside ``implicit_replication()`` or an op DTensor has its own handler for, torch's path runs (and
     raises its own error naming both meshes).
     """
-    if implicit_replication_enabled() or custom_op_handler(func) is not None:
+    if one_mesh(args, kwargs) or implicit_replication_enabled() or custom_op_handler(func) is not None:
         return NotImplemented
     info = op_state(func)
     if info.traits.row_wise and rows_on_several_meshes(args, info.traits):

@@ -24,6 +24,7 @@ from .operands import build_call, collect_operands
 from .opstate import op_state
 from .placements import cached_whole_layout, local_layout, whole_placements
 from .run import Promoted, run_promoted
+from .whole import replicated
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # exact types: eager tensors (a traced one is a subclass)
 
@@ -62,6 +63,16 @@ def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         promoted.append((operand, dtensor, decision, placements))
         if first_plain is None:
             first_plain = plain
+    if any(operand.written for operand, _, _, _ in promoted):
+        # The op writes into a plain tensor, which holds the whole value: it runs on whole values, every DTensor
+        # operand Replicate, as one process runs it (DTensor's in-place strategies mishandle a Replicate output
+        # beside sharded inputs for some ops: scatter_add_, index_add_, index_copy_, masked_fill_).
+        for operand in call.operands:
+            # (a DTensor the op writes into too, a foreach row, stays itself: the write must reach it)
+            if not operand.is_plain and not operand.written and operand.position not in replacements:
+                whole = replicated(operand.tensor)  # type: ignore[arg-type]
+                if whole is not operand.tensor:
+                    replacements[operand.position] = whole
     new_args, new_kwargs = rebuild(args, kwargs, replacements)
     if first_plain is not None and is_traced(first_plain):
         traced_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches

@@ -20,13 +20,34 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Shard
 
-from .._torch.api import DTensorSpec, redistribute_local_tensor
 from .caches import CACHES, remember
 from .operands import dtensors_in
+from .whole import whole_value
 
 _SAME_RANKS = CACHES.same_ranks
+_EQUAL_MESHES = CACHES.equal_meshes
+
+
+def one_mesh(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether the call's DTensors, on distinct mesh objects, all sit on one mesh after all (torch makes a new
+    object for each submesh lookup). Equal pairs are remembered, so the dispatch rule lets the next call of two
+    DTensors on them through at the cost of a dict lookup."""
+    meshes: List[Any] = []
+    for tensor in dtensors_in(args, kwargs):
+        mesh = tensor._spec.mesh
+        if not any(mesh is known for known in meshes):
+            meshes.append(mesh)
+    first = meshes[0]
+    for other in meshes[1:]:
+        if other != first:
+            return False
+    for one in meshes:
+        for other in meshes:
+            if one is not other:
+                remember(_EQUAL_MESHES, (id(one), id(other)), (one, other))
+    return True
 
 
 def same_ranks(one: Any, other: Any) -> bool:
@@ -45,19 +66,6 @@ def op_mesh(dtensors: List[DTensor]) -> Any:
         if any(isinstance(p, Shard) for p in tensor.placements):
             return tensor.device_mesh
     return dtensors[0].device_mesh
-
-
-def whole_value(tensor: DTensor) -> Optional[torch.Tensor]:
-    """The whole value of a DTensor that every rank can have without a gather (Replicate, or Partial reduced
-    over its mesh), as a plain tensor; None for a sharded one."""
-    placements = tensor.placements
-    if all(isinstance(p, Replicate) for p in placements):
-        return tensor._local_tensor
-    if not all(isinstance(p, (Replicate, Partial)) for p in placements):
-        return None
-    spec = tensor._spec
-    target = DTensorSpec(spec.mesh, (Replicate(),) * spec.mesh.ndim, tensor_meta=spec.tensor_meta)
-    return redistribute_local_tensor(tensor._local_tensor, spec, target)
 
 
 def as_plain_on_one_mesh(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]]:

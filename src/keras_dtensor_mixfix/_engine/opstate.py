@@ -29,9 +29,11 @@ class OpState:
         self.traits = op_traits(op)
         # OpOverload.__call__ only forwards to ``_op``; calling that directly saves a Python frame.
         call = op_callable(op) if type(op) is OpOverload else op
-        # An op DTensor computes wrongly after a promotion runs its exact reformulation instead.
-        self.call = corrected(self.traits.name, call) or call
-        self.may_fast = not self.traits.foreach
+        # An op DTensor computes wrongly after a promotion runs its exact reformulation instead, always on the
+        # general path: the fast path's direct plans would run the op itself on local pieces.
+        correction = corrected(self.traits.name, call)
+        self.call = correction or call
+        self.may_fast = not self.traits.foreach and correction is None
         self.rule: Any = None
         self.version = -1  # the registry's version ``rule`` was looked up at
         self.stats_key = (self.traits.name, REPLICATE)

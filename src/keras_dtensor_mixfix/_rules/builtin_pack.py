@@ -78,10 +78,17 @@ def _split_dims(tensor: Any) -> set:
     return {p.dim % max(tensor.ndim, 1) for p in tensor.placements if isinstance(p, Shard)}
 
 
-def _scatter_along_split_dim(call: MixedCall) -> bool:
-    """The written tensor is split along the scatter dim (DTensor cannot scatter into it in place)."""
-    self, dim, _, _ = _scatter_dims(call)
-    return dim in _split_dims(self)
+def _scatter_in_place_not_local(call: MixedCall) -> bool:
+    """``scatter_add_`` into a split tensor runs right only where DTensor's local strategy applies: every split
+    dim ``d`` is not the scatter dim and ``self``, the index and ``src`` have one size on it. Otherwise it
+    fails with a shape error or writes a local-shaped result."""
+    self, dim, index, src = _scatter_dims(call)
+    split = _split_dims(self)
+    if not split:
+        return False
+    if self.ndim != index.ndim or src.ndim != index.ndim:
+        return True
+    return any(d == dim or not (self.shape[d] == index.shape[d] == src.shape[d]) for d in split)
 
 
 def _scatter_src_misaligned(call: MixedCall) -> bool:
@@ -96,37 +103,95 @@ def _scatter_src_misaligned(call: MixedCall) -> bool:
                for d in _split_dims(self))
 
 
-_REPLICATE_ADVICE = ("Redistribute the DTensor operands to Replicate first (x.redistribute(x.device_mesh, "
-                     "[Replicate()] * x.device_mesh.ndim)), or run this op on plain tensors.")
+def _writes_a_plain_tensor(call: MixedCall) -> bool:
+    """The op writes into a plain operand: the engine then runs it on whole values (every DTensor Replicate),
+    which is right whatever DTensor's in-place strategy would do."""
+    return any(operand.written for operand in call.plain)
+
+
+def _batch_norm_split(call: MixedCall, training: bool = True) -> bool:
+    """A training batch norm whose input is split along its channel dim, or whose weight, bias or running
+    statistics (one value per channel) are split, writing running statistics that are DTensors."""
+    if not training or _writes_a_plain_tensor(call):
+        return False
+    input, *parameters = call.args[:5]
+    return 1 in _split_dims(input) or any(_split_dims(p) for p in parameters)
+
+
+def _index_along_split_dim(call: MixedCall) -> bool:
+    """``index_add_`` / ``index_copy_`` (self, dim, index, source) into a tensor split along ``dim``."""
+    self, dim = call.args[:2]
+    return not _writes_a_plain_tensor(call) and dim % max(self.ndim, 1) in _split_dims(self)
+
+
+def _split_with_pos_weight(call: MixedCall) -> bool:
+    """``binary_cross_entropy_with_logits(self, target, weight, pos_weight, ...)`` with ``pos_weight`` beside a
+    split input or target."""
+    args = call.args
+    return len(args) > 3 and args[3] is not None and bool(_split_dims(args[0]) or _split_dims(args[1]))
+
+
+_REDISTRIBUTE = ("redistribute the DTensor operands to Replicate first (x.redistribute(x.device_mesh, "
+                 "[Replicate()] * x.device_mesh.ndim)), or run this op on plain tensors.")
+_BATCH_NORM = ("DTensor's batch norm with its input split along the channel dim, or its weight, bias or running "
+               "statistics split, updates the running statistics wrongly",
+               "Split the batch (dim 0) rather than the channels, and keep the weight, bias and running statistics "
+               "Replicate (or plain).")
 
 # Mixed calls on which torch 2.13's DTensor itself returns wrong numbers or fails obscurely (measured with
 # every operand a DTensor: tools/op_sweep.py): refused with a clear error rather than promoted into a
 # silently wrong result. Each entry: op -> (condition on the call, what goes wrong, what to do instead).
-# The conditions are as narrow as the measured fault: calls outside them are promoted.
+# The conditions are as narrow as the measured fault: calls outside them are promoted. (Writes into a plain
+# tensor run on whole values, and ops DTensor gets wrong that can be computed right another way run that
+# way: the engine's corrections.)
 KNOWN_WRONG_IN_DTENSOR = {
-    "aten::convolution": (lambda call: _sharded_beyond_batch(call.args[0]) or (
-        _is_sharded(call.args[0]) and call.args[0].ndim < call.args[1].ndim),
-        "DTensor's convolution of an input sharded on a channel or spatial dim returns a wrong shape and values",
-        _REPLICATE_ADVICE),
-    "aten::addmv_": (lambda call: True, "DTensor's in-place addmv_ loses or garbles the write", _REPLICATE_ADVICE),
-    "aten::_batch_norm_with_update": (
-        lambda call: 1 in _split_dims(call.args[0]),
-        "DTensor's _batch_norm_with_update of an input split along its channel dim updates the running "
-        "statistics wrongly",
-        "Redistribute the input so that its channel dim (dim 1) is not split (Replicate or Shard(0)) first."),
+    "aten::convolution": (
+        lambda call: _sharded_beyond_batch(call.args[0]) or (
+            _is_sharded(call.args[0]) and call.args[0].ndim < call.args[1].ndim)
+        or any(d >= 2 for d in _split_dims(call.args[1])),
+        "DTensor's convolution of an input split on a channel or spatial dim, or of a weight split on a kernel "
+        "dim, returns a wrong shape and values",
+        "Split the input along the batch (dim 0) and the weight along its output channels (dim 0) at most, or "
+        + _REDISTRIBUTE),
+    "aten::addmv_": (
+        lambda call: not _writes_a_plain_tensor(call),
+        "DTensor's in-place addmv_ into a DTensor fails with a shape error or garbles the write (a row-split "
+        "matrix or a split vector on a 1-D mesh; a column-split one on a 2-D mesh)",
+        "Call the out-of-place addmv (x = torch.addmv(x, matrix, vector)), or " + _REDISTRIBUTE),
+    "aten::_batch_norm_with_update": (_batch_norm_split, *_BATCH_NORM),
+    "aten::native_batch_norm": (lambda call: _batch_norm_split(call, bool(call.args[5])), *_BATCH_NORM),
+    "aten::_native_batch_norm_legit": (
+        lambda call: len(call.args) > 5 and _batch_norm_split(call, bool(call.args[5])), *_BATCH_NORM),
     "aten::scatter_add_": (
-        lambda call: _scatter_along_split_dim(call) or _scatter_src_misaligned(call),
-        "DTensor's scatter_add_ into a tensor split along the scatter dim fails with a shape error, and one "
-        "whose src is larger than the index along a split dim scatters the wrong src rows",
+        lambda call: not _writes_a_plain_tensor(call) and (
+            _scatter_in_place_not_local(call) or _scatter_src_misaligned(call)),
+        "DTensor's scatter_add_ into a split tensor is right only where each rank can scatter its own piece "
+        "(split along a dim other than the scatter dim, with the index and src of the tensor's size on it); "
+        "otherwise it fails with a shape error or writes a wrong result",
         "Call the out-of-place scatter_add (x = x.scatter_add(dim, index, src)), which DTensor computes right "
-        "here, or redistribute x to Replicate first; a src larger than the index can be narrowed to the "
-        "index's shape (scatter_add reads no more of it)."),
+        "here, or redistribute x to Replicate first."),
     "aten::scatter_add": (
-        lambda call: _scatter_src_misaligned(call),
+        _scatter_src_misaligned,
         "DTensor's scatter_add whose src is larger than the index along a dim the tensor is split on "
         "scatters the wrong src rows",
         "Narrow src to the index's shape first (scatter_add reads no more of it: "
-        "src[tuple(slice(0, n) for n in index.shape)]), or redistribute the DTensor operands to Replicate."),
+        "src[tuple(slice(0, n) for n in index.shape)]), or " + _REDISTRIBUTE),
+    "aten::index_add_": (
+        _index_along_split_dim,
+        "DTensor's index_add_ into a tensor split along the indexed dim writes a local-shaped or wrong result",
+        "Call the out-of-place index_add (x = x.index_add(dim, index, source)), or redistribute x to Replicate "
+        "first."),
+    "aten::index_copy_": (
+        _index_along_split_dim,
+        "DTensor's index_copy_ into a tensor split along the indexed dim writes a local-shaped or wrong result",
+        "Call the out-of-place index_copy (x = x.index_copy(dim, index, source)), or redistribute x to Replicate "
+        "first."),
+    "aten::binary_cross_entropy_with_logits": (
+        _split_with_pos_weight,
+        "DTensor's binary_cross_entropy_with_logits with pos_weight over a split input computes wrong values "
+        "and gradients",
+        "Write the loss out, which runs right: (pos_weight * y * F.softplus(-x) + (1 - y) * F.softplus(x))"
+        ".mean() (times weight, if any, inside the mean)."),
 }
 
 
@@ -146,15 +211,20 @@ def refuse_known_wrong(call: MixedCall) -> Optional[str]:
     return None
 
 
+def refuse_known_wrong_else_parameters_whole(call: MixedCall) -> Any:
+    """For an op in both tables: refuse where DTensor is wrong, else parameter-like operands replicate."""
+    refuse_known_wrong(call)
+    return parameters_are_whole(call)
+
+
 @hookimpl
 def register_rules(register: Callable[[Any, Any], Any]) -> None:
-    for op in PARAMETER_OPS:
+    for op in sorted(set(PARAMETER_OPS) | set(KNOWN_WRONG_IN_DTENSOR)):
+        if op in KNOWN_WRONG_IN_DTENSOR:
+            rule = refuse_known_wrong_else_parameters_whole if op in PARAMETER_OPS else refuse_known_wrong
+        else:
+            rule = parameters_are_whole
         try:
-            register(op, parameters_are_whole)
+            register(op, rule)
         except UnknownOperatorError:  # an op this torch build does not have
-            log.debug("built-in pack: %s does not exist in this torch; skipped", op)
-    for op in KNOWN_WRONG_IN_DTENSOR:
-        try:
-            register(op, refuse_known_wrong)
-        except UnknownOperatorError:
             log.debug("built-in pack: %s does not exist in this torch; skipped", op)
