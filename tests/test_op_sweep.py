@@ -49,38 +49,29 @@ SHARD_DIMS = "all"   # every dim of size >= 2, uneven shards included
 # a clear error where DTensor alone is right). Add an entry (with the reason) only for a bug that cannot
 # be fixed at once; it is then excluded from the checks above, and test_known_bugs_still_fail fails once
 # the case is fixed, so that the entry is removed. Samples numbered from 100 are the sweep's own
-# (tools/opsweep/extra.py). Found by the sweep of issue 29 (every dim sharded, uneven shards included)
-# on 9aa9f62; every one of them is also wrong with every operand a DTensor, except where noted.
-_UNEVEN_MEAN = ("mean over a batch split unevenly across the ranks (5 or 3 rows over 2): DTensor averages the "
-                "ranks' own means")
-_INPLACE_SHARDED_OTHER = ("in-place into a plain (or Replicate) self with a sharded index/src: the write "
-                          "lands in the wrong rows")
-KNOWN_BUGS: Dict[Tuple[str, str, int, str, str], str] = {
-    **{("nn.functional.mse_loss", "op", s, pos, "S(0)"): _UNEVEN_MEAN
-       for s in (1, 103) for pos in ("input", "args[0]")},
-    **{("nn.functional.binary_cross_entropy_with_logits", "op", s, pos, "S(0)"): _UNEVEN_MEAN
-       for s in (2, 108) for pos in ("input", "args[0]")},
-    ("masked_fill", "inplace", 1, "args[0]", "S(0)"): "masked_fill_ into a plain self with a sharded mask",
-    ("masked_fill", "inplace", 1, "args[0]", "S(1)"): "masked_fill_ into a plain self with a sharded mask",
-    ("scatter_add", "inplace", 0, "args[1]", "S(1)"): _INPLACE_SHARDED_OTHER,
-    ("scatter_add", "inplace", 0, "args[2]", "S(1)"): _INPLACE_SHARDED_OTHER,
-    ("scatter_add", "inplace", 100, "args[1]", "S(1)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
-    ("scatter_add", "inplace", 100, "args[2]", "S(1)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
-    ("scatter_add", "inplace", 1, "input", "S(0)"): ("scatter_add_ along dim 1 into a self sharded along dim 0 "
-                                                     "(index/src with fewer rows): returns a local [5, 5] piece; "
-                                                     "refused before 27bc6ff narrowed the refusal"),
-    ("scatter_add", "inplace", 2, "input", "S(0)"): ("scatter_add_ along dim -1 into a self sharded along dim 0 "
-                                                     "(index/src with fewer rows): returns a local [5, 5] piece; "
-                                                     "refused before 27bc6ff narrowed the refusal"),
-    ("index_add", "inplace", 100, "input", "S(0)"): "index_add_ along the sharded dim: returns the local piece",
-    ("index_add", "inplace", 100, "args[1]", "S(0)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
-    ("index_add", "inplace", 100, "args[2]", "S(1)"): _INPLACE_SHARDED_OTHER + " (DTensor alone raises)",
-}
+# (tools/opsweep/extra.py). None today.
+KNOWN_BUGS: Dict[Tuple[str, str, int, str, str], str] = {}
+
+# Found by the sweep of issue 29 (every dim sharded, uneven shards included) as wrong, then fixed: an
+# elementwise loss's mean over a batch split unevenly (DTensor averages the ranks' own means), and in-place
+# writes into a plain self beside a sharded index, src or mask (they now run on whole values). They must stay
+# correct. (The in-place scatter_add_ / index_add_ into a self split where DTensor cannot write it are refused:
+# the checks above hold them to DTensor alone failing too.)
+WRITE_AND_MEAN_FIXES = [
+    *[("nn.functional.mse_loss", "op", s, pos, "S(0)") for s in (1, 103) for pos in ("input", "args[0]")],
+    *[("nn.functional.binary_cross_entropy_with_logits", "op", s, pos, "S(0)")
+      for s in (2, 108) for pos in ("input", "args[0]")],
+    ("masked_fill", "inplace", 1, "args[0]", "S(0)"),
+    ("masked_fill", "inplace", 1, "args[0]", "S(1)"),
+    *[("scatter_add", "inplace", s, pos, "S(1)") for s in (0, 100) for pos in ("args[1]", "args[2]")],
+    ("index_add", "inplace", 100, "args[1]", "S(0)"),
+    ("index_add", "inplace", 100, "args[2]", "S(1)"),
+]
 
 # Issue 29's silently wrong means and broad refusals, fixed: they must stay correct. A mean nll_loss /
 # cross_entropy over a batch-sharded input with class weights, ignore_index hit by the targets (one
 # rank's whole piece ignored, or one row), uneven batch; scatter_add out of place along any dim.
-REDUCTION_FIXES = [
+REDUCTION_FIXES = WRITE_AND_MEAN_FIXES + [
     *[("nn.functional.nll_loss", "op", s, "input", "S(0)") for s in (101, 103, 113, 117)],
     *[("nn.functional.cross_entropy", "op", s, "input", "S(0)") for s in (101, 103, 119, 124, 131)],
     ("scatter_add", "op", 100, "input", "S(0)"),

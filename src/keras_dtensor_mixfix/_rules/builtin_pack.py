@@ -111,24 +111,22 @@ def _writes_a_plain_tensor(call: MixedCall) -> bool:
 
 def _batch_norm_split(call: MixedCall, training: bool = True) -> bool:
     """A training batch norm whose input is split along its channel dim, or whose weight, bias or running
-    statistics (one value per channel) are split, writing running statistics that are DTensors."""
-    if not training or _writes_a_plain_tensor(call):
+    statistics (one value per channel) are split, unless it writes only plain running statistics (it then runs
+    on whole values)."""
+    if not training:
         return False
     input, *parameters = call.args[:5]
-    return 1 in _split_dims(input) or any(_split_dims(p) for p in parameters)
+    if not (1 in _split_dims(input) or any(_split_dims(p) for p in parameters)):
+        return False
+    writes_split_dtensor = any(operand.written and not operand.is_plain and _split_dims(operand.tensor)
+                               for operand in call.operands)
+    return writes_split_dtensor or not _writes_a_plain_tensor(call)
 
 
 def _index_along_split_dim(call: MixedCall) -> bool:
     """``index_add_`` / ``index_copy_`` (self, dim, index, source) into a tensor split along ``dim``."""
     self, dim = call.args[:2]
     return not _writes_a_plain_tensor(call) and dim % max(self.ndim, 1) in _split_dims(self)
-
-
-def _split_with_pos_weight(call: MixedCall) -> bool:
-    """``binary_cross_entropy_with_logits(self, target, weight, pos_weight, ...)`` with ``pos_weight`` beside a
-    split input or target."""
-    args = call.args
-    return len(args) > 3 and args[3] is not None and bool(_split_dims(args[0]) or _split_dims(args[1]))
 
 
 _REDISTRIBUTE = ("redistribute the DTensor operands to Replicate first (x.redistribute(x.device_mesh, "
@@ -186,12 +184,6 @@ KNOWN_WRONG_IN_DTENSOR = {
         "DTensor's index_copy_ into a tensor split along the indexed dim writes a local-shaped or wrong result",
         "Call the out-of-place index_copy (x = x.index_copy(dim, index, source)), or redistribute x to Replicate "
         "first."),
-    "aten::binary_cross_entropy_with_logits": (
-        _split_with_pos_weight,
-        "DTensor's binary_cross_entropy_with_logits with pos_weight over a split input computes wrong values "
-        "and gradients",
-        "Write the loss out, which runs right: (pos_weight * y * F.softplus(-x) + (1 - y) * F.softplus(x))"
-        ".mean() (times weight, if any, inside the mean)."),
 }
 
 
