@@ -18,6 +18,8 @@ from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
 
 import torch_argmax_2d  # noqa: E402
+import torch_boolean_mask_index  # noqa: E402
+import torch_clip_grad_norm_two_meshes  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
 import torch_cosine_embedding_loss_split_features  # noqa: E402
 import torch_dtensor_argmax_compiled  # noqa: E402
@@ -27,7 +29,7 @@ import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
-import torch_clip_grad_norm_two_meshes  # noqa: E402
+import torch_scatter_add_src_misaligned  # noqa: E402
 
 
 def _run_repro(repro, *expected, world_size=4):
@@ -148,3 +150,19 @@ def test_mean_mse_loss_gradient_over_a_split_input():
                           "feature dim gives a wrong value (a gap the package cannot refuse: docs/rules.md)")
 def test_cosine_embedding_loss_over_inputs_split_along_features():
     _run_repro(torch_cosine_embedding_loss_split_features.repro, "AssertionError", "not close", world_size=2)
+
+
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor's scatter_add splits a src larger than the index at "
+                          "other rows than the index; the package refuses the mixed call (_rules/builtin_pack.py)")
+def test_scatter_add_with_a_src_larger_than_the_index_along_the_split_dim():
+    _run_repro(torch_scatter_add_src_misaligned.repro, "AssertionError", "not close", world_size=2)
+
+
+# seen on 2.13.0; CI runs it on 2.12.1 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor cannot index with a boolean mask (nonzero has no "
+                          "strategy); the package indexes local pieces for a plain mask (_engine/corrections.py)")
+def test_boolean_mask_index_of_a_replicated_dtensor():
+    _run_repro(torch_boolean_mask_index.repro, "RuntimeError", "nonzero", world_size=2)
