@@ -5,7 +5,7 @@ DTensor's strategy turns the mask into positions with ``nonzero``, which has no 
 
     RuntimeError: aten.nonzero.default ... Sharding propagation failed for aten.index.Tensor(...)
 
-Seen on torch 2.13.0 (CI runs it on 2.12.1 and 2.15.0 too); no keras_dtensor_mixfix involved. With a plain mask
+Seen on torch 2.12.1, 2.13.0 and 2.15.0; no keras_dtensor_mixfix involved. With a plain mask
 (the same whole tensor on every rank), keras_dtensor_mixfix indexes each rank's piece where ``x`` is not split
 along a dim the mask indexes (``_engine/corrections.py``).
 

@@ -6,8 +6,8 @@ With class weights (``weight=``) the denominator is each rank's sum of its targe
 output ``Partial("avg")``: the loss comes out as the average of the per-rank weighted means, a wrong
 number, silently (pytorch/pytorch#185167). The backward is right (it divides by the summed total weight).
 
-Seen on torch 2.13.0 (CI runs it on 2.12.1 and 2.15.0 too), every operand a DTensor; no keras_dtensor_mixfix
-involved.
+Seen on torch 2.12.1 and 2.13.0, every operand a DTensor; fixed in 2.15.0 (2.14 not checked). No
+keras_dtensor_mixfix involved.
 keras_dtensor_mixfix computes the mixed call (plain labels or weights, as torch would otherwise refuse)
 as the summed loss over the summed weight (``_engine/corrections.py``).
 

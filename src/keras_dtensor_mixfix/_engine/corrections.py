@@ -11,7 +11,8 @@ come here.
 - ``nll_loss_forward`` / ``nll_loss2d_forward`` with ``reduction="mean"`` over an input split along a
   non-class dim: DTensor averages each rank's own mean (``Partial("avg")``), which is the global mean
   only when every rank's denominator is the same. With class weights or an ``ignore_index`` that some
-  targets hit, the denominators differ (pytorch/pytorch#185167; ``repros/torch_nll_loss_weighted_mean.py``).
+  targets hit, the denominators differ (pytorch/pytorch#185167, fixed in torch 2.15;
+  ``repros/torch_nll_loss_weighted_mean.py``).
   Computed here as the summed loss over the summed weight, as one process does; ``total_weight`` is
   returned as DTensor's mean strategy returns it (summed over the ranks), so the backward, which DTensor
   computes right from it, is unchanged.
