@@ -49,6 +49,11 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
     Tensor = torch.Tensor
     equal_meshes = CACHES.equal_meshes
 
+    def _another_mesh(mesh: Any, other: Any) -> bool:
+        """``other`` (not ``mesh`` itself) is another mesh, not a remembered second object of the same one."""
+        known = equal_meshes.get((id(mesh), id(other)))
+        return known is None or known[0] is not mesh or known[1] is not other
+
     def _is_mixed_value(value: Any) -> bool:
         if isinstance(value, Tensor):
             return not isinstance(value, DTensor) and value.numel() != 1
@@ -64,11 +69,8 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
             first, second = args
             if type(first) is DTensor and type(second) is DTensor:
                 mesh, other = first._spec.mesh, second._spec.mesh
-                if mesh is other:
+                if mesh is other or not _another_mesh(mesh, other):  # (two objects of one mesh)
                     return NotImplemented
-                known = equal_meshes.get((id(mesh), id(other)))
-                if known is not None and known[0] is mesh and known[1] is other:
-                    return NotImplemented  # two objects of one mesh
                 return handle_meshes(func, args, kwargs)
         # _is_mixed_value inlined for positional arguments: no function call per argument. The first
         # DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
@@ -79,8 +81,8 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
             if kind is DTensor:
                 if mesh is None:
                     mesh = value._spec.mesh
-                elif value._spec.mesh is not mesh:
-                    other_mesh = True  # or another object of the same mesh: handle_meshes tells
+                elif value._spec.mesh is not mesh and _another_mesh(mesh, value._spec.mesh):
+                    other_mesh = True  # or an object of the same mesh not seen yet: handle_meshes tells
                 continue
             if kind is list or kind is tuple:
                 for item in value:
@@ -88,7 +90,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                     if type(item) is DTensor:
                         if mesh is None:
                             mesh = item._spec.mesh
-                        elif item._spec.mesh is not mesh:
+                        elif item._spec.mesh is not mesh and _another_mesh(mesh, item._spec.mesh):
                             other_mesh = True
                     elif isinstance(item, Tensor) and not isinstance(item, DTensor) and item.numel() != 1:
                         return handle_mixed(func, args, kwargs)
@@ -99,7 +101,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                 if type(value) is DTensor:
                     if mesh is None:
                         mesh = value._spec.mesh
-                    elif value._spec.mesh is not mesh:
+                    elif value._spec.mesh is not mesh and _another_mesh(mesh, value._spec.mesh):
                         other_mesh = True
                 elif _is_mixed_value(value):
                     return handle_mixed(func, args, kwargs)
