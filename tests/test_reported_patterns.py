@@ -408,28 +408,9 @@ _lib.define("fused(Tensor a, Tensor b) -> Tensor")
 _lib.impl("fused", lambda a, b: a * 2 + b, "CompositeExplicitAutograd")
 
 
-def advice_cases(world_size):
-    import keras_dtensor_mixfix as mf
+def _batch_norm_cases(mf, m, x):
     from torch.distributed.tensor import Replicate, Shard
 
-    m = mesh_for(world_size)
-    torch.manual_seed(0)
-    a, b = torch.randn(8, 4), torch.randn(8, 4)
-    da = shard(a, m, [Replicate()] * (m.ndim - 1) + [Shard(0)])
-    with mf.patched():
-        error = _error(lambda: torch.ops.mixfix_patterns.fused(da, b))
-    assert isinstance(error, mf.MixedOperandError) and "full_tensor()" in str(error), error
-    assert "'local'" not in str(error), error  # a 'local' rule would fail the same way
-    with mf.patched():
-        out = torch.ops.mixfix_patterns.fused(da.full_tensor(), b)  # the advice
-    close(out, a * 2 + b, "no strategy: advice followed")
-    # what the error advised against: the 'local' rule fails again
-    with mf.patched(), mf.register_rule("mixfix_patterns::fused", "local"):
-        again = _error(lambda: torch.ops.mixfix_patterns.fused(da, da.to_local().clone()))
-    assert isinstance(again, mf.MixedOperandError), again
-    # a training batch norm with its input split along channels: right where the running statistics are plain
-    # (the op then runs on whole values); refused where they are DTensors, and the advice followed works
-    x = torch.randn(4, 6, 5)
     expected = [torch.zeros(6), torch.ones(6)]
     reference = torch.ops.aten._batch_norm_with_update(x, torch.ones(6), torch.zeros(6), *expected, 0.1, 1e-5)
     split_channels = [Replicate()] * (m.ndim - 1) + [Shard(1)]
@@ -452,6 +433,40 @@ def advice_cases(world_size):
     close(got[0], reference[0], "batch norm: advice followed, output")
     close(stats[0], expected[0], "batch norm: advice followed, running mean")
     close(stats[1], expected[1], "batch norm: advice followed, running var")
+
+
+def advice_cases(world_size):
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Replicate, Shard
+
+    m = mesh_for(world_size)
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 4), torch.randn(8, 4)
+    da = shard(a, m, [Replicate()] * (m.ndim - 1) + [Shard(0)])
+    with mf.patched():
+        error = _error(lambda: torch.ops.mixfix_patterns.fused(da, b))
+    assert isinstance(error, mf.MixedOperandError) and "full_tensor()" in str(error), error
+    assert "'local'" not in str(error), error  # a 'local' rule would fail the same way
+    with mf.patched():
+        out = torch.ops.mixfix_patterns.fused(da.full_tensor(), b)  # the advice
+    close(out, a * 2 + b, "no strategy: advice followed")
+    # what the error advised against: the 'local' rule fails again
+    with mf.patched(), mf.register_rule("mixfix_patterns::fused", "local"):
+        again = _error(lambda: torch.ops.mixfix_patterns.fused(da, da.to_local().clone()))
+    assert isinstance(again, mf.MixedOperandError), again
+    # a training batch norm with its input split along channels: right where the running statistics are plain
+    # (the op then runs on whole values); refused where they are DTensors, and the advice followed works. On a
+    # torch whose DTensor has no batch norm strategy at all (2.12), the patched call says so instead.
+    x = torch.randn(4, 6, 5)
+    replicate = [Replicate()] * m.ndim
+    whole = [shard(t, m, replicate) for t in (x, torch.ones(6), torch.zeros(6), torch.zeros(6), torch.ones(6))]
+    if _error(lambda: torch.ops.aten._batch_norm_with_update(*whole, 0.1, 1e-5)) is not None:
+        with mf.patched():
+            error = _error(lambda: torch.ops.aten._batch_norm_with_update(whole[0], torch.ones(6), torch.zeros(6),
+                                                                          torch.zeros(6), torch.ones(6), 0.1, 1e-5))
+        assert isinstance(error, mf.MixedOperandError) and "any layout" in str(error), error
+    else:
+        _batch_norm_cases(mf, m, x)
     # addmv_ into a DTensor: refused; the out-of-place addmv runs right. Into a plain vector: right.
     vector, matrix, by = torch.randn(6), torch.randn(6, 10), torch.randn(10)
     expected = torch.addmv(vector, matrix, by)
