@@ -30,6 +30,7 @@ come here.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -82,9 +83,7 @@ def _elementwise_mean_as_sum(reduction_at: int, operands: Tuple[int, ...]) -> Ca
                 return op(*args, **kwargs)
             if len(args) <= reduction_at:
                 args = args + (None,) * (reduction_at - len(args)) + (_MEAN,)  # the defaults before it are None
-            count = 1
-            for size in torch.broadcast_shapes(*(args[i].shape for i in operands)):
-                count *= size
+            count = math.prod(torch.broadcast_shapes(*(args[i].shape for i in operands)))
             summed = list(args)
             summed[reduction_at] = _SUM
             return torch.ops.aten.div.Scalar(op(*summed), count)
@@ -154,7 +153,7 @@ def _put_by_mask(op: Call) -> Call:
         tensor, indices, values, *rest = args
         start, width, mask = layout
         expected = _after_mask(tensor.placements, tensor.ndim, start, width)
-        if values.ndim == 0 or values.shape[0] == 1 and values.ndim == 1:
+        if values.ndim == 0 or (values.ndim == 1 and values.shape[0] == 1):  # one value, broadcast
             local_values = values._local_tensor if isinstance(values, DTensor) else values
             if isinstance(values, DTensor) and not all(isinstance(p, Replicate) for p in values.placements):
                 return op(*args, **kwargs)
@@ -202,6 +201,3 @@ def corrected(name: str, call: Call) -> Optional[Call]:
     make = _CORRECTIONS.get(name)
     return None if make is None else make(call)
 
-
-CORRECTED_OPS = frozenset(_CORRECTIONS)
-"""The ops with a correction, by overload name (for documentation and tests)."""

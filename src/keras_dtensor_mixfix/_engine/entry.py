@@ -182,7 +182,7 @@ def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) ->
     inside ``implicit_replication()`` or an op DTensor has its own handler for, torch's path runs (and
     raises its own error naming both meshes).
     """
-    if one_mesh(args, kwargs) or implicit_replication_enabled() or custom_op_handler(func) is not None:
+    if implicit_replication_enabled() or custom_op_handler(func) is not None or one_mesh(args, kwargs):
         return NotImplemented
     info = op_state(func)
     if info.traits.row_wise and rows_on_several_meshes(args, info.traits):

@@ -51,31 +51,28 @@ def parameters_are_whole(call: MixedCall) -> Dict[Position, Optional[str]]:
     return answer
 
 
-def _sharded_beyond_batch(tensor: Any) -> bool:
+def _split_dims(tensor: Any) -> set:
+    """The dims a DTensor operand is split along (``Shard``), normalized; empty for a plain or unsplit one."""
     from torch.distributed.tensor import DTensor, Shard
 
-    return isinstance(tensor, DTensor) and any(
-        isinstance(p, Shard) and (p.dim % tensor.ndim) != 0 for p in tensor.placements)
+    if not isinstance(tensor, DTensor):
+        return set()
+    return {p.dim % max(tensor.ndim, 1) for p in tensor.placements if isinstance(p, Shard)}
 
 
-def _is_sharded(tensor: Any) -> bool:
-    from torch.distributed.tensor import DTensor, Shard
-
-    return isinstance(tensor, DTensor) and any(isinstance(p, Shard) for p in tensor.placements)
+def _convolution_split_wrongly(call: MixedCall) -> bool:
+    """An input split along a channel or spatial dim (or at all, when it has no batch dim), or a weight split
+    along a kernel dim."""
+    input, weight = call.args[:2]
+    split = _split_dims(input)
+    return (any(d != 0 for d in split) or (bool(split) and input.ndim < weight.ndim)
+            or any(d >= 2 for d in _split_dims(weight)))
 
 
 def _scatter_dims(call: MixedCall) -> Any:
     """(self, the scatter dim normalized, index, src) of a ``scatter_add(self, dim, index, src)`` call."""
     self, dim, index, src = call.args[:4]
     return self, dim % max(self.ndim, 1), index, src
-
-
-def _split_dims(tensor: Any) -> set:
-    from torch.distributed.tensor import DTensor, Shard
-
-    if not isinstance(tensor, DTensor):
-        return set()
-    return {p.dim % max(tensor.ndim, 1) for p in tensor.placements if isinstance(p, Shard)}
 
 
 def _scatter_in_place_not_local(call: MixedCall) -> bool:
@@ -144,9 +141,7 @@ _BATCH_NORM = ("DTensor's batch norm with its input split along the channel dim,
 # way: the engine's corrections.)
 KNOWN_WRONG_IN_DTENSOR = {
     "aten::convolution": (
-        lambda call: _sharded_beyond_batch(call.args[0]) or (
-            _is_sharded(call.args[0]) and call.args[0].ndim < call.args[1].ndim)
-        or any(d >= 2 for d in _split_dims(call.args[1])),
+        _convolution_split_wrongly,
         "DTensor's convolution of an input split on a channel or spatial dim, or of a weight split on a kernel "
         "dim, returns a wrong shape and values",
         "Split the input along the batch (dim 0) and the weight along its output channels (dim 0) at most, or "
