@@ -53,7 +53,7 @@ _DEPRECATED = {
 
 # Public submodules, reachable as attributes (``keras_dtensor_mixfix.testing.run_on_ranks``) without
 # an import of their own; imported on first access.
-_SUBMODULES = ("hookspecs", "keras_integration", "testing")
+_SUBMODULES = ("checkpoint", "hookspecs", "keras_integration", "testing")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
@@ -81,7 +81,7 @@ def __dir__() -> list:
 
 
 if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
-    from . import hookspecs, keras_integration, testing
+    from . import checkpoint, hookspecs, keras_integration, testing
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
     from ._rules.errors import (ArgumentTypeError, InvalidArgumentError, MixedOperandError, MixfixError,
                                 ReplicationCheckError, ReplicationCheckWarning, UnknownOperatorError,

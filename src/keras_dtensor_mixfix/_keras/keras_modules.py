@@ -54,6 +54,8 @@ name here                                   3.15.1 / 3.16
                                             ``save_weights_only``), same in both
 :func:`rng_utils`                           ``keras.src.utils.rng_utils`` (``get_random_seed``,
                                             ``set_random_seed``), same in both
+:func:`variable_storage`                    a torch ``Variable``'s ``_value`` (the ``nn.Parameter`` it holds),
+                                            same in both
 :data:`INSTALL_TRIGGERS`                    the modules above whose loading means Keras is being imported
 ==========================================  ==================================================================
 """
@@ -287,3 +289,9 @@ def rng_utils() -> Any:
     from keras.src.utils import rng_utils as rng_utils_module
 
     return rng_utils_module
+
+
+def variable_storage(variable: Any) -> Any:
+    """The tensor a torch-backend Keras ``Variable`` holds (its ``_value``: an ``nn.Parameter``, whose data is a
+    DTensor under a layout), or None before the variable is initialized."""
+    return getattr(variable, "_value", None)
