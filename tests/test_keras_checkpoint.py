@@ -171,3 +171,102 @@ def test_checkpoint_without_optimizer_leaves_the_optimizer_alone(tmp_path):
     fresh.build((None, 8))
     read = checkpoint.load(fresh, path)
     assert read == written and not fresh.optimizer.built  # nothing to read: not built for nothing
+
+
+# --------------------------------------------------------------------------- Keras' own files
+
+
+def keras_files_on_ranks(world_size, kind, directory):
+    """Save Keras' three files under a distribution and load them back; what each rank gathered, wrote and read."""
+    import keras
+    from torch.distributed.tensor import DTensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras import slice_loading
+
+    import h5py
+
+    keras_integration.install()
+    gathers = []
+    read_shapes = []
+    h5_written = []
+    real_full_tensor, real_read_slice = DTensor.full_tensor, slice_loading.StoredWeight.read_slice
+    real_h5_init = h5py.File.__init__
+
+    def recording_h5_init(self, name, mode="r", *args, **kwargs):
+        if mode != "r":
+            h5_written.append(os.path.basename(str(getattr(name, "name", name))))
+        return real_h5_init(self, name, mode, *args, **kwargs)
+
+    def counting_full_tensor(self, *args, **kwargs):
+        gathers.append(tuple(self.shape))
+        return real_full_tensor(self, *args, **kwargs)
+
+    def recording_read_slice(self, index):
+        values = real_read_slice(self, index)
+        read_shapes.append((self.shape, values.shape))
+        return values
+
+    try:
+        keras.distribution.set_distribution(_distribution(kind, world_size))
+        model = _trained()
+        before = os.listdir(directory)
+        DTensor.full_tensor, h5py.File.__init__ = counting_full_tensor, recording_h5_init
+        try:
+            model.save_weights(os.path.join(directory, "m.weights.h5"))
+            model.save(os.path.join(directory, "m.keras"))
+            model.save_weights(os.path.join(directory, "m.weights.json"), max_shard_size=0.000002)
+        finally:
+            DTensor.full_tensor, h5py.File.__init__ = real_full_tensor, real_h5_init
+        written = sorted(set(os.listdir(directory)) - set(before))
+        weights = model.get_weights()
+        slice_loading.StoredWeight.read_slice = recording_read_slice
+        try:
+            for name in ("m.weights.h5", "m.keras", "m.weights.json"):
+                fresh = _fresh()
+                fresh.build((None, 8))
+                fresh.load_weights(os.path.join(directory, name))
+                for got, want in zip(fresh.get_weights(), weights):
+                    np.testing.assert_array_equal(got, want, err_msg=name)
+            reloaded = keras.saving.load_model(os.path.join(directory, "m.keras"))
+            for got, want in zip(reloaded.get_weights(), weights):
+                np.testing.assert_array_equal(got, want)
+            placements = _placements(reloaded)
+        finally:
+            slice_loading.StoredWeight.read_slice = real_read_slice
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+    return [w.tolist() for w in weights], gathers, written, read_shapes, placements, h5_written
+
+
+@pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (4, "model_parallel_2d")])
+def test_keras_files_gather_on_rank_zero_only_and_load_by_slices(tmp_path, world_size, kind):
+    import keras
+
+    results = run_on_ranks(keras_files_on_ranks, world_size, kind, str(tmp_path), world_size=world_size,
+                           timeout=600)
+    weights = results[0][0]
+    written = results[0][2]
+    assert written == ["m.keras", "m.weights.h5", "m.weights.json"] + [f"m_{i:05d}.weights.h5" for i in
+                                                                        range(len(written) - 3)], written
+    assert len(written) > 4  # max_shard_size split the weights over several files
+    for rank, (_, gathers, _, read_shapes, placements, h5_written) in enumerate(results):
+        # no rank all-gathers a weight to save it; rank 0 alone writes weights (the h5 files it opens for writing:
+        # the .keras archive's weights are built in memory, file name "")
+        assert gathers == [], (rank, gathers)
+        assert (h5_written == [] if rank else len(h5_written) == len(written) - 1), (rank, h5_written)
+        assert "Shard(dim=1)" in placements
+        # the sharded kernels were read by slices: a (8, 16) kernel split in 2 reads (8, 8) on each rank
+        assert ((8, 16), (8, 8)) in read_shapes, (rank, read_shapes)
+        assert ((8, 16), (8, 16)) not in read_shapes, (rank, read_shapes)
+    # the files hold global values: one process loads them
+    for name in ("m.weights.h5", "m.keras", "m.weights.json"):
+        single = _fresh("single_")
+        single.build((None, 8))
+        single.load_weights(str(tmp_path / name))
+        for got, want in zip(single.get_weights(), weights):
+            np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype), err_msg=name)
+    whole = keras.saving.load_model(str(tmp_path / "m.keras"))
+    for got, want in zip(whole.get_weights(), weights):
+        np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))

@@ -1,0 +1,142 @@
+"""Loading a Keras h5 weights file into sharded variables, each rank reading only its own slice of each weight.
+
+For the duration of a load, Keras' ``H5IOStore`` hands out a weight as a :class:`StoredWeight` (the h5 dataset,
+unread) instead of a whole NumPy array, and ``Variable.assign`` given one fills a sharded variable's local piece
+from the dataset's hyperslab at this rank's offset. Anything else that meets a :class:`StoredWeight` (a layer that
+computes on what it loads, a variable that is not sharded) gets the whole array, as Keras would have given it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, Tuple
+
+import numpy as np
+
+from .._torch.api import compute_local_shape_and_global_offset
+from . import keras_modules
+
+
+class StoredWeight:
+    """A weight in an h5 file, read whole or by slices on demand; behaves as the whole NumPy array otherwise."""
+
+    __array_priority__ = 1000  # NumPy defers binary operators to ours, which read the array
+
+    def __init__(self, dataset: Any, bfloat16: bool) -> None:
+        self._dataset = dataset
+        self._bfloat16 = bfloat16
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._dataset.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._dataset.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.read_slice(()).dtype if self._bfloat16 else self._dataset.dtype
+
+    def read_slice(self, index: Tuple[slice, ...]) -> np.ndarray:
+        """The values in ``index`` (a tuple of slices; ``()`` reads everything), as Keras would convert them."""
+        values = self._dataset[index] if index else self._dataset[()]
+        if self._bfloat16:
+            import ml_dtypes
+
+            return np.array(values, dtype=ml_dtypes.bfloat16)
+        return np.asarray(values)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self.read_slice(())
+        return values if dtype is None else values.astype(dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getattr__(self, name: str) -> Any:  # anything else an array has: the whole array's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.read_slice(()), name)
+
+
+def _whole_array_operator(name: str) -> Callable[..., Any]:
+    def operator(self: StoredWeight, *args: Any) -> Any:
+        return getattr(self.read_slice(()), name)(*args)
+
+    operator.__name__ = name
+    return operator
+
+
+for _name in ("__getitem__", "__iter__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__neg__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+              "__matmul__", "__rmatmul__", "__pow__"):
+    setattr(StoredWeight, _name, _whole_array_operator(_name))
+StoredWeight.__hash__ = None  # type: ignore[assignment]  # compares by value, as an array
+
+
+@contextlib.contextmanager
+def reading_slices() -> Iterator[None]:
+    """Within: h5 weights reach sharded variables by slices (see the module's docstring)."""
+    saving_lib = keras_modules.saving_lib()
+    variable_class = keras_modules.base_variable_class()
+    original_store, original_assign = saving_lib.H5IOStore, variable_class.assign
+    saving_lib.H5IOStore = _slicing_store(original_store)
+    variable_class.assign = _assigning_slices(original_assign)
+    try:
+        yield
+    finally:
+        saving_lib.H5IOStore = original_store
+        variable_class.assign = original_assign
+
+
+@functools.lru_cache(maxsize=None)
+def _slicing_store(store_class: type) -> type:
+    saving_lib = keras_modules.saving_lib()
+
+    def __getitem__(self: Any, key: Any) -> Any:
+        import h5py
+
+        group = getattr(self, "_h5_entry_group", None)
+        dataset = None
+        if group is not None and not isinstance(group, dict):
+            try:
+                dataset = saving_lib.safe_get_h5_dataset(group, key)
+            except (KeyError, ValueError, TypeError):
+                dataset = None
+        if not isinstance(dataset, h5py.Dataset) or dataset.shape is None:
+            return store_class.__getitem__(self, key)
+        attrs = getattr(dataset, "attrs", {})
+        return StoredWeight(dataset, bfloat16="dtype" in attrs and attrs["dtype"] == "bfloat16")
+
+    return type(store_class.__name__, (store_class,), {"__getitem__": __getitem__, "__module__": __name__,
+                                                      "__qualname__": store_class.__name__})
+
+
+def _assigning_slices(original_assign: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original_assign)
+    def assign(self: Any, value: Any) -> Any:
+        if isinstance(value, StoredWeight):
+            if _fill_local_piece(self, value):
+                return keras_modules.variable_storage(self)
+            value = np.asarray(value)
+        return original_assign(self, value)
+
+    return assign
+
+
+def _fill_local_piece(variable: Any, stored: StoredWeight) -> bool:
+    """Fill a sharded variable's piece from ``stored``'s slice at this rank's offset; False if not sharded."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    storage = keras_modules.variable_storage(variable)
+    if not isinstance(storage, DTensor) or stored.shape != tuple(storage.shape):
+        return False  # a plain variable, or a shape Keras' own assign reports
+    shape, offset = compute_local_shape_and_global_offset(storage.shape, storage.device_mesh, storage.placements)
+    piece = stored.read_slice(tuple(slice(o, o + s) for o, s in zip(offset, shape)))
+    with torch.no_grad():
+        local = storage.to_local()
+        local.copy_(keras_modules.core().convert_to_tensor(piece, dtype=variable.dtype).reshape(local.shape))
+    return True
