@@ -1,6 +1,6 @@
 """Memory of a sharded Keras model, phase by phase: one process beside each rank of 2 and of 4, and beside JAX.
 
-    python benchmarks/memory_phases.py --size small --ranks 1,2          # a quick run (~1 min on 2 cores)
+    python benchmarks/memory_phases.py --size small --ranks 1,2          # a quick run (~25 s on 2 cores)
     python benchmarks/memory_phases.py                                   # medium Gemma, 1, 2 and 4 ranks
     python benchmarks/memory_phases.py --phases build,train,predict --json memory.json
     python benchmarks/memory_phases.py --jax --jax-python /path/to/venv-with-jax/bin/python
@@ -33,7 +33,7 @@ same run after run, unlike RSS) after the phase and a ``gc.collect()``, minus be
 before (a sampled peak: a lower bound, and the thread needs the GIL, which Python hands over every 5 ms at worst);
 RSS after the phase and VmHWM, the phase's peak RSS (reset before each phase through ``/proc/self/clear_refs``);
 the phase's seconds. Python's small-object arenas are mmapped by Python itself: RSS sees them, ``mallinfo2``
-does not. A ratio is this rank's figure ÷ the one-process figure (n/a where that is under 1 MB); a JAX row's is
+does not. A ratio is this rank's figure ÷ the one-process figure (n/a where that is under 10 MB); a JAX row's is
 its whole process's figure ÷ N (its N devices share one process) ÷ JAX's on 1 device. Sharding N ways makes 1/N
 the ideal; the issue's target is 1/N + 0.1. glibc's ``MALLOC_MMAP_THRESHOLD_`` is unset in the workers unless
 ``--mmap-threshold`` sets it for all of them: below it, freed blocks may stay in RSS; above it, each is
@@ -70,7 +70,7 @@ SELECTABLE = ("build", "train", "save_weights", "load_weights", "save", "predict
 """``--phases`` names; ``train`` is the phase ``optimizer+train``, ``checkpoint`` both checkpoint phases."""
 TARGET_MARGIN = 0.1  # the issue's target: what a rank adds ÷ what one process adds ≤ 1/N + 0.1
 MB = 1e6
-RATIO_FLOOR = 1 * MB  # a one-process figure under this is noise to divide by
+RATIO_FLOOR = 10 * MB  # a one-process figure under this (HDF5's and Keras' caches, say) is noise to divide by
 
 
 # ----------------------------------------------------------------------------- measuring (worker side)
@@ -223,11 +223,15 @@ def _checkpoint_api(backend: str) -> Tuple[Any, str]:
     return module, ""
 
 
+def _alone() -> None:
+    """The barrier of a single process: nothing to wait for."""
+
+
 def _start(w: Workload) -> Tuple[Callable[[], None], Dict[str, str]]:
     """Imports, process group, distribution and data, all before the baseline: ``(barrier, versions)``."""
     import numpy as np
 
-    barrier: Callable[[], None] = lambda: None  # noqa: E731 - one process: nothing to wait for
+    barrier: Callable[[], None] = _alone
     versions: Dict[str, str] = {}
     if w.backend == "torch":
         import torch
@@ -404,6 +408,19 @@ def _launch(backend: str, world: int, args: argparse.Namespace, root: str) -> Ru
     return Run(backend, world, wall, process.returncode, ranks, output[-6000:])
 
 
+def _source_state() -> str:
+    """The commit of the package's source tree, and whether src/ differs from it (others may be editing it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "source commit unknown"
+    return f"source at {head}{' with uncommitted changes in src/' if dirty else ''}"
+
+
 def _jax_missing(python: str) -> Optional[str]:
     """Why the JAX rows cannot run with ``python``, or None."""
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('jax') is None)"
@@ -419,7 +436,7 @@ def _mb(value: Optional[float]) -> str:
 
 
 def _ratio(value: float, reference: Optional[float]) -> Optional[float]:
-    if reference is None or abs(reference) < RATIO_FLOOR:
+    if reference is None or reference < RATIO_FLOOR:  # a phase that frees memory has no share to compare
         return None
     return value / reference
 
@@ -432,8 +449,8 @@ def _rows(runs: List[Run]) -> List[Tuple[str, Run, Dict[str, Any]]]:
     rows = []
     for run in runs:
         for result in run.ranks:
-            label = run.label if run.world == 1 or run.backend == "jax" else f"torch, rank {result['rank']} of {run.world}"
-            rows.append((label, run, result))
+            ranked = run.backend == "torch" and run.world > 1
+            rows.append((f"torch, rank {result['rank']} of {run.world}" if ranked else run.label, run, result))
     return rows
 
 
@@ -450,7 +467,10 @@ def _per_device(run: Run, value: float) -> float:
 
 def report(runs: List[Run], phases: List[str]) -> None:
     rows = _rows(runs)
-    worlds = sorted({run.world for run in runs if run.world > 1})
+    worlds = sorted({run.world for run in runs if run.backend == "torch" and run.world > 1})
+    print(f"\nRatios: a torch rank's figure ÷ torch's in 1 process; a JAX row's whole process ÷ its N devices ÷ "
+          f"JAX's on 1 device; n/a where that reference is under {RATIO_FLOOR / MB:.0f} MB. \"RSS after / peak\": "
+          f"VmRSS after the phase / VmHWM during it.")
     for phase in phases:
         print(f"\n### `{phase}`\n")
         print("| process | adds MB | adds ÷ 1 process | peak adds MB | peak ÷ 1 process | RSS after / peak MB | s |")
@@ -478,8 +498,8 @@ def report(runs: List[Run], phases: List[str]) -> None:
             for what, column in (("adds", 0), ("peak adds", 1)):
                 known = [pair[column] for pair in ratios.get(n, []) if pair[column] is not None]
                 worst = max(known) if known else None
-                verdict = "n/a" if worst is None else "PASS" if worst <= bound else "MISS"
-                verdicts.append(f"{what} {_fmt_ratio(worst)} {verdict}")
+                verdicts.append(f"{what} n/a" if worst is None else
+                                f"{what} {worst:.2f} {'PASS' if worst <= bound else 'MISS'}")
             print(f"- {n} ranks: ideal {1 / n:.2f}, target ≤ {bound:.2f}; worst rank: {', '.join(verdicts)}")
     print("\n### the whole run\n")
     print("| process | in use after imports MB | RSS after imports MB | run's peak adds MB | ÷ 1 process | "
@@ -494,10 +514,14 @@ def report(runs: List[Run], phases: List[str]) -> None:
         print(f"| {label} | {_mb(result['baseline']['in_use'])} | {_mb(result['baseline']['rss'])} | "
               f"{_mb(result.get('run_peak_adds'))} | {_fmt_ratio(ratio)} | "
               f"{_mb(result.get('weights'))} / {_mb(result.get('local_weights'))} | {run.wall_s:.0f} |")
+    skipped: Dict[str, Dict[str, None]] = {}  # why: the runs (ordered, once each)
     for run in runs:
-        skipped = {phase: why for result in run.ranks for phase, why in result["skipped"].items()}
-        for phase, why in skipped.items():
-            print(f"\n- {run.label}: `{phase}` skipped: {why}")
+        for result in run.ranks:
+            for phase, why in result["skipped"].items():
+                skipped.setdefault(f"`{phase}` skipped: {why}", {})[run.label] = None
+    for what, labels in skipped.items():
+        print(f"\n- {what} ({'; '.join(labels)})")
+    for run in runs:
         failed = [result for result in run.ranks if "error" in result]
         if failed or run.returncode != 0:
             print(f"\n- {run.label} FAILED (exit {run.returncode})"
@@ -545,7 +569,7 @@ def main() -> int:
     worlds = sorted({1, *(int(n) for n in args.ranks.split(","))})
     print(f"Gemma {args.size} ({', '.join(f'{k} {v}' for k, v in SIZES[args.size].items())}), {BATCH}×{LENGTH} "
           f"tokens; torch ranks {worlds}; MALLOC_MMAP_THRESHOLD_ "
-          f"{'unset' if args.mmap_threshold is None else args.mmap_threshold}; "
+          f"{'unset' if args.mmap_threshold is None else args.mmap_threshold}; {_source_state()}; "
           f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
     jobs = [("torch", n) for n in worlds]
     if args.jax:

@@ -117,10 +117,12 @@ def _converting_dtensors(convert: Callable[[Any], Any]) -> Iterator[None]:
 
     @functools.wraps(current)
     def convert_to_numpy(x: Any) -> Any:
-        if isinstance(x, DTensor):
-            return convert(x)
-        if isinstance(x, (list, tuple)) and any(isinstance(item, DTensor) for item in x):
-            x = type(x)(convert(item) if isinstance(item, DTensor) else item for item in x)
+        stored = rank_zero_gather.as_stored(x)  # a Variable converts as its tensor (Keras 3.16 gathers it inside)
+        if isinstance(stored, DTensor):
+            return convert(stored)
+        if isinstance(x, (list, tuple)) and any(isinstance(rank_zero_gather.as_stored(item), DTensor) for item in x):
+            x = type(x)(convert(stored) if isinstance(stored := rank_zero_gather.as_stored(item), DTensor) else item
+                        for item in x)
         return current(x)
 
     holders = [module for name, module in list(sys.modules.items())
