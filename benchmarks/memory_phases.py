@@ -286,6 +286,15 @@ def _weight_bytes(model: Any) -> Tuple[int, int]:
     return total, local
 
 
+def _settle(w: Workload) -> None:
+    """JAX dispatches asynchronously: a phase ends when the computations it started have (torch's CPU ops are
+    synchronous)."""
+    if w.backend == "jax" and w.model is not None:
+        import jax
+
+        jax.block_until_ready([v.value for v in w.model.variables + w.model.optimizer.variables])
+
+
 def _measure(phase: Callable[[Workload], Any], w: Workload, sampler: PeakSampler,
              barrier: Callable[[], None]) -> Dict[str, float]:
     gc.collect()
@@ -295,14 +304,15 @@ def _measure(phase: Callable[[Workload], Any], w: Workload, sampler: PeakSampler
     _reset_peak_rss()
     start = time.perf_counter()
     kept = phase(w)
+    _settle(w)
     seconds = time.perf_counter() - start
     sampler.sample()  # the phase's end state, its result and garbage still held
-    peak, hwm = sampler.phase_peak, _proc_status("VmHWM")
+    peak = sampler.phase_peak
     gc.collect()
     after = in_use()
     figures = {"in_use_before": before, "in_use_after": after, "adds": after - before, "peak": peak,
                "peak_adds": peak - before, "rss_before": rss_before, "rss_after": _proc_status("VmRSS"),
-               "hwm": hwm, "seconds": seconds}
+               "hwm": _proc_status("VmHWM"), "seconds": seconds}  # VmHWM last: it covers the collection too
     del kept
     return figures
 

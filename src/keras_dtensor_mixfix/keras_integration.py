@@ -15,7 +15,9 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
 - non-tf.data inputs accepted in multi-process runs (each process iterates the global batch
   and keeps its slice; with ``distribution.auto_shard_dataset = False`` each process feeds its own shard);
 - ``jit_compile=True`` under a distribution compiles with Keras' own backend (inductor) and static shapes;
-- saving writes files from rank 0 only (every rank still takes part in gathering);
+- saving writes files from rank 0 only, which alone assembles each whole weight from the pieces the other ranks
+  send; loading reads each rank's own slice of each weight from the h5 file;
+- a large weight the layout map leaves whole on every rank is named in a warning, with a rule that shards it;
 - on a Keras that wraps models in ``DistributedDataParallel`` when no distribution is set (3.16),
   a model with sharded weights is not wrapped (DDP cannot broadcast DTensors).
 
@@ -39,7 +41,7 @@ from typing import List, Optional
 
 from ._keras import (backend_lib, compile, data, ddp, einsum_kernel_split, keras_gate, keras_modules, local_einsum,
                      promotion_mode, reductions, repeat, saving, sharded_ops, tracebacks, values, variables,
-                     vocab_parallel_loss)
+                     vocab_parallel_loss, whole_weights)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
@@ -109,7 +111,9 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
             added.append("trainer: batches distributed on the batch axis; logs and predictions made global"
                          if distribute_batches else "trainer: Keras' own data distribution kept")
             saving.install(patches)
-            added.append("saving: rank 0 writes")
+            added.append("saving: rank 0 alone assembles and writes whole weights; loading reads each rank's slices")
+            whole_weights.install(patches)
+            added.append("layouts: a large weight the layout map leaves whole is named in a warning")
             if ddp.install(patches):
                 added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
             sharded_ops.install(patches)

@@ -80,7 +80,9 @@ def check_variable_internals() -> str:
     base = keras_modules.base_variable_class()
     if not issubclass(variable_class, base):
         raise TypeError(f"{variable_class.__qualname__} does not derive from the common Variable")
-    _require(variable_class, ("_initialize", "_direct_assign", "_convert_to_tensor"), "the torch Variable")
+    _require(variable_class, ("_initialize", "_initialize_with_initializer", "_direct_assign", "_convert_to_tensor"),
+             "the torch Variable")
+    _require(keras_modules.core(), ("to_torch_dtype",), "the torch backend's core module")
     _require(base, ("_validate_shape", "__repr__", "path", "trainable", "value"), "the common Variable")
     variable = variable_class(initializer=[[1.0, 2.0]], dtype="float32", name="selfcheck_variable")
     for name in ("_value", "_dtype", "_shape"):

@@ -184,6 +184,20 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
     return parameter
 
 
+def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch.dtype, layout: Any,
+                                 trainable: bool = True) -> torch.nn.Parameter:
+    """An ``nn.Parameter`` holding a DTensor of ``shape`` filled with ``fill``, each rank making only its own piece
+    (what ``distribute_variable`` gives for ``torch.full(shape, fill)``, with no whole tensor and no collective)."""
+    from torch.distributed.tensor import full as sharded_full
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(tuple(shape), mesh, placements, "variable")
+    parameter = torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
+                                                placements=list(placements)), requires_grad=trainable)
+    lay_out_gradient_like(parameter)
+    return parameter
+
+
 GRADIENTS_LIKE_PARAMETERS = False
 """Whether the hook below acts: set while the Keras integration is installed (parameters made then keep
 their hook after ``uninstall()``, which then changes nothing)."""

@@ -54,6 +54,7 @@ name here                                   3.15.1 / 3.16
                                             ``save_weights_only``), same in both
 :func:`rng_utils`                           ``keras.src.utils.rng_utils`` (``get_random_seed``,
                                             ``set_random_seed``), same in both
+:func:`layout_map_of`                       a ``ModelParallel``'s ``_layout_map``, same in both
 :func:`variable_storage`                    a torch ``Variable``'s ``_value`` (the ``nn.Parameter`` it holds),
                                             same in both
 :data:`INSTALL_TRIGGERS`                    the modules above whose loading means Keras is being imported
@@ -295,3 +296,8 @@ def variable_storage(variable: Any) -> Any:
     """The tensor a torch-backend Keras ``Variable`` holds (its ``_value``: an ``nn.Parameter``, whose data is a
     DTensor under a layout), or None before the variable is initialized."""
     return getattr(variable, "_value", None)
+
+
+def layout_map_of(distribution: Any) -> Any:
+    """A ``ModelParallel``'s ``LayoutMap`` (kept as ``_layout_map``), or None."""
+    return getattr(distribution, "_layout_map", None)

@@ -27,6 +27,7 @@ def install(patches: PatchRecorder) -> None:
     core = keras_modules.core()
     variable_class = core.Variable
     original_initialize = variable_class._initialize
+    original_initialize_with_initializer = variable_class._initialize_with_initializer
     original_assign = variable_class._direct_assign
     original_repr = KerasVariable.__repr__
     original_init = variable_class.__init__
@@ -35,13 +36,27 @@ def install(patches: PatchRecorder) -> None:
         self._layout = layout  # read by _initialize, which the common __init__ calls
         original_init(self, *args, **kwargs)
 
-    def _initialize(self: Any, value: Any) -> None:
+    def _resolve_layout(self: Any, shape: Any) -> None:
         if getattr(self, "_layout", None) is None:  # a subclass may skip __init__'s (copies, deserialization)
             distribution = global_state.get_global_attribute("distribution")
             if distribution is not None:
                 if getattr(self, "_shape", None) is None:  # array initializers arrive before the shape is set
-                    self._shape = self._validate_shape(value.shape)
+                    self._shape = self._validate_shape(shape)
                 self._layout = distribution.get_variable_layout(self)
+
+    def _initialize_with_initializer(self: Any, initializer: Any) -> None:
+        fill = _constant_fill(initializer)
+        if fill is not None:
+            _resolve_layout(self, self._shape)
+            if getattr(self, "_layout", None) is not None:
+                # zeros, ones, a constant (biases, an optimizer's slots): each rank fills its own piece, no collective
+                self._value = keras_modules.lib().distribute_constant_variable(
+                    self._shape, fill, core.to_torch_dtype(self._dtype), self._layout, trainable=self.trainable)
+                return
+        original_initialize_with_initializer(self, initializer)
+
+    def _initialize(self: Any, value: Any) -> None:
+        _resolve_layout(self, value.shape)
         if self._layout is None:
             return original_initialize(self, value)
         if isinstance(value, torch.nn.Parameter) and not isinstance(value, DTensor):
@@ -76,5 +91,20 @@ def install(patches: PatchRecorder) -> None:
     if not keras_modules.variables_take_layouts():
         patches.set(variable_class, "__init__", functools.wraps(original_init)(__init__))
     patches.set(variable_class, "_initialize", _initialize)
+    patches.set(variable_class, "_initialize_with_initializer", _initialize_with_initializer)
     patches.set(variable_class, "_direct_assign", _direct_assign)
     patches.set(KerasVariable, "__repr__", __repr__)
+
+
+def _constant_fill(initializer: Any) -> Any:
+    """The one value a Keras Zeros, Ones or scalar Constant initializer fills with, else None."""
+    import keras
+
+    kind = type(initializer)
+    if kind is keras.initializers.Zeros:
+        return 0
+    if kind is keras.initializers.Ones:
+        return 1
+    if kind is keras.initializers.Constant and isinstance(getattr(initializer, "value", None), (int, float)):
+        return initializer.value
+    return None

@@ -1,0 +1,149 @@
+"""Building under ``ModelParallel``: constant initial values made in pieces, and large weights left whole named.
+
+Zeros, ones and constants (biases, norm scales, every optimizer slot) are made by each rank for its own piece,
+with no whole tensor and no scatter; the values equal one process's. A large weight no rule of the layout map
+matches is named in a warning with a rule that shards it; the rule, followed, shards it and the warning stops.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+from test_keras import KERAS_OWN_DISTRIBUTION
+
+
+def _mesh(world_size):
+    import keras
+
+    shape = (1, world_size) if world_size == 2 else (world_size // 2, 2)
+    return keras.distribution.DeviceMesh(shape, ["batch", "model"], keras.distribution.list_devices())
+
+
+def _model():
+    import keras
+
+    return keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(16, name="wide", bias_initializer=keras.initializers.Constant(0.5)),
+        keras.layers.LayerNormalization(name="norm"),
+        keras.layers.Dense(4, name="head"),
+    ], name="net")
+
+
+def build_on_ranks(world_size):
+    import keras
+    import torch.distributed.tensor as dtensor_module
+    from torch.distributed.tensor import DTensor
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.install()
+    scattered = []
+    real_distribute = dtensor_module.distribute_tensor
+
+    def recording_distribute(tensor, *args, **kwargs):
+        scattered.append(tuple(tensor.shape))
+        return real_distribute(tensor, *args, **kwargs)
+
+    try:
+        layout_map = keras.distribution.LayoutMap(_mesh(world_size))
+        layout_map[".*wide/kernel"] = (None, "model")
+        layout_map[".*wide/bias"] = ("model",)
+        layout_map[".*norm/gamma"] = ("model",)
+        layout_map[".*norm/beta"] = ("model",)
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map))
+        keras.utils.set_random_seed(5)
+        dtensor_module.distribute_tensor = recording_distribute
+        try:
+            model = _model()
+            optimizer = keras.optimizers.Adam()
+            optimizer.build(model.trainable_variables)
+        finally:
+            dtensor_module.distribute_tensor = real_distribute
+        placements = {v.path: str(tuple(v.value.placements)) if isinstance(v.value, DTensor) else "plain"
+                      for v in model.variables + optimizer.variables}
+        values = [(v.path.split("/", 1)[-1], np.array(v.numpy())) for v in model.variables + optimizer.variables]
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+    return scattered, placements, values
+
+
+@pytest.mark.skipif(KERAS_OWN_DISTRIBUTION, reason="Keras 3.16 makes its own layout-aware variables "
+                    "(_initialize_distributed); the integration leaves them as Keras makes them")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_constant_initial_values_are_made_in_pieces(world_size):
+    import keras
+
+    scattered, placements, values = run_on_ranks(build_on_ranks, world_size, world_size=world_size, timeout=600)[0]
+    # only the random kernels are made whole and distributed (sharded or not), and the scalars Adam makes from
+    # values (its step and learning rate, and more before Keras 3.13); biases, gamma, beta and Adam's slots are not
+    assert [shape for shape in scattered if shape] == [(8, 16), (16, 4)], scattered
+    assert placements["net/wide/bias"] == placements["net/norm/gamma"] == placements["net/wide/kernel"].replace(
+        "Shard(dim=1)", "Shard(dim=0)")
+    assert any("wide_bias_momentum" in path and "Shard(dim=0)" in p for path, p in placements.items())
+    keras.utils.set_random_seed(5)
+    model = _model()
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(model.trainable_variables)
+    # paths without the first name (the model's; the optimizer's, which Keras numbers per process: adam_1)
+    single = [(v.path.split("/", 1)[-1], np.array(v.numpy())) for v in model.variables + optimizer.variables]
+    assert [path for path, _ in values] == [path for path, _ in single]
+    for (path, got), (_, want) in zip(values, single):
+        np.testing.assert_array_equal(got, want, err_msg=path)
+    np.testing.assert_array_equal(dict(values)["wide/bias"], np.full((16,), 0.5, dtype="float32"))
+
+
+def warnings_on_ranks(world_size, rule):
+    import keras
+    from torch.distributed.tensor import DTensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras import whole_weights
+
+    messages = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Recorder(logging.WARNING)
+    logger = logging.getLogger("keras_dtensor_mixfix")
+    logger.addHandler(handler)
+    keras_integration.install()
+    threshold, whole_weights.LARGE_WEIGHT_ELEMENTS = whole_weights.LARGE_WEIGHT_ELEMENTS, 100
+    whole_weights._warned.clear()
+    try:
+        layout_map = keras.distribution.LayoutMap(_mesh(world_size))
+        if rule is not None:
+            layout_map[".*wide/kernel"] = rule
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map))
+        model = _model()
+        kernel = model.get_layer("wide").kernel.value
+        placements = str(tuple(kernel.placements)) if isinstance(kernel, DTensor) else "plain"
+    finally:
+        whole_weights.LARGE_WEIGHT_ELEMENTS = threshold
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+        logger.removeHandler(handler)
+    return [m for m in messages if "matches no rule" in m], placements
+
+
+def test_a_large_weight_left_whole_is_named_with_a_rule_that_shards_it():
+    (warned, placements), _ = run_on_ranks(warnings_on_ranks, 2, None, world_size=2, timeout=600)
+    # the (8, 16) kernel is over the (lowered) threshold; the (16, 4) head and (16,) vectors are not
+    assert len(warned) == 1 and "net/wide/kernel 8x16" in warned[0], warned
+    assert "layout_map['net/wide/kernel'] = (None, 'model') would shard it" in warned[0], warned[0]
+    whole = "plain" if KERAS_OWN_DISTRIBUTION else "(Replicate(), Replicate())"  # 3.16 keeps a whole one plain
+    assert placements == whole
+    # the advice, followed: sharded, and nothing to say
+    (warned, placements), _ = run_on_ranks(warnings_on_ranks, 2, (None, "model"), world_size=2, timeout=600)
+    assert warned == [] and placements == "(Replicate(), Shard(dim=1))"
+    # whole by the map's own choice: nothing to say either
+    (warned, placements), _ = run_on_ranks(warnings_on_ranks, 2, (None, None), world_size=2, timeout=600)
+    assert warned == [] and placements == whole
