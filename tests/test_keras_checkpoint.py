@@ -176,6 +176,15 @@ def test_checkpoint_without_optimizer_leaves_the_optimizer_alone(tmp_path):
 # --------------------------------------------------------------------------- Keras' own files
 
 
+def _loaded(path, name_prefix=""):
+    """The state of a fresh model (its optimizer built) after ``load_weights(path)``."""
+    fresh = _fresh(name_prefix)
+    fresh.build((None, 8))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.load_weights(path)
+    return _state(fresh)
+
+
 def keras_files_on_ranks(world_size, kind, directory):
     """Save Keras' three files under a distribution and load them back; what each rank gathered, wrote and read."""
     import keras
@@ -219,25 +228,20 @@ def keras_files_on_ranks(world_size, kind, directory):
         finally:
             DTensor.full_tensor, h5py.File.__init__ = real_full_tensor, real_h5_init
         written = sorted(set(os.listdir(directory)) - set(before))
-        weights = model.get_weights()
+        weights, state = model.get_weights(), _state(model)
         slice_loading.StoredWeight.read_slice = recording_read_slice
         try:
             for name in ("m.weights.h5", "m.keras", "m.weights.json"):
-                fresh = _fresh()
-                fresh.build((None, 8))
-                fresh.load_weights(os.path.join(directory, name))
-                for got, want in zip(fresh.get_weights(), weights):
-                    np.testing.assert_array_equal(got, want, err_msg=name)
+                _assert_same_state(_loaded(os.path.join(directory, name)), state, name)  # the optimizer's too
             reloaded = keras.saving.load_model(os.path.join(directory, "m.keras"))
-            for got, want in zip(reloaded.get_weights(), weights):
-                np.testing.assert_array_equal(got, want)
+            _assert_same_state(_state(reloaded), state, "load_model")
             placements = _placements(reloaded)
         finally:
             slice_loading.StoredWeight.read_slice = real_read_slice
     finally:
         keras.distribution.set_distribution(None)
         keras_integration.uninstall()
-    return [w.tolist() for w in weights], gathers, written, read_shapes, placements, h5_written
+    return state, gathers, written, read_shapes, placements, h5_written
 
 
 @pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (4, "model_parallel_2d")])
@@ -246,7 +250,7 @@ def test_keras_files_gather_on_rank_zero_only_and_load_by_slices(tmp_path, world
 
     results = run_on_ranks(keras_files_on_ranks, world_size, kind, str(tmp_path), world_size=world_size,
                            timeout=600)
-    weights = results[0][0]
+    state = results[0][0]
     written = results[0][2]
     assert written == ["m.keras", "m.weights.h5", "m.weights.json"] + [f"m_{i:05d}.weights.h5" for i in
                                                                         range(len(written) - 3)], written
@@ -262,11 +266,83 @@ def test_keras_files_gather_on_rank_zero_only_and_load_by_slices(tmp_path, world
         assert ((8, 16), (8, 16)) not in read_shapes, (rank, read_shapes)
     # the files hold global values: one process loads them
     for name in ("m.weights.h5", "m.keras", "m.weights.json"):
-        single = _fresh("single_")
-        single.build((None, 8))
-        single.load_weights(str(tmp_path / name))
-        for got, want in zip(single.get_weights(), weights):
-            np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype), err_msg=name)
-    whole = keras.saving.load_model(str(tmp_path / "m.keras"))
-    for got, want in zip(whole.get_weights(), weights):
-        np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))
+        _assert_same_state(_loaded(str(tmp_path / name), "single_"), state, name)
+    _assert_same_state(_state(keras.saving.load_model(str(tmp_path / "m.keras"))), state, "load_model")
+
+
+# --------------------------------------------------------------------------- a model larger than a rank's memory
+
+
+def _data_segment_bytes():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmData in /proc/self/status")
+
+
+def capped_checkpoint_round_trip(directory, budget):
+    """Under a cap on this process's data segment (RLIMIT_DATA: ``budget`` bytes more than it uses now), build and
+    train a model whose whole state does not fit the cap, save and load a checkpoint; then show the whole does not
+    fit."""
+    import ctypes
+    import resource
+
+    import keras
+    import torch
+
+    from keras_dtensor_mixfix import checkpoint, keras_integration
+
+    # freed blocks of 1 MB or more go back to the system at once (glibc otherwise keeps them in the heap, which the
+    # cap counts): the cap then measures what is held
+    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    keras_integration.install()
+    limits = resource.getrlimit(resource.RLIMIT_DATA)
+    try:
+        mesh = keras.distribution.DeviceMesh((1, 4), ["batch", "model"], keras.distribution.list_devices())
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*kernel"] = (None, "model")
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map))
+        keras.utils.set_random_seed(1)
+        resource.setrlimit(resource.RLIMIT_DATA, (_data_segment_bytes() + budget, limits[1]))
+        model = keras.Sequential([keras.Input((2048,))] + [keras.layers.Dense(2048, use_bias=False,
+                                                                                name=f"d{i}") for i in range(6)])
+        model.compile(optimizer="adam", loss="mse")
+        x = np.ones((4, 2048), dtype="float32")
+        model.train_on_batch(x, x)
+        variables = model.variables + model.optimizer.variables
+        whole_bytes = sum(int(np.prod(v.shape)) * 4 for v in variables)
+
+        def fingerprints():
+            return [float(torch.as_tensor(v.value.to_local() if hasattr(v.value, "to_local") else v.value)
+                          .double().square().sum()) for v in variables]
+
+        before = fingerprints()
+        checkpoint.save(model, directory)
+        with torch.no_grad():
+            for v in variables:
+                (v.value.to_local() if hasattr(v.value, "to_local") else v.value).zero_()
+        checkpoint.load(model, directory)
+        after = fingerprints()
+        try:  # the whole state, as one process would hold it
+            whole = [v.numpy() for v in variables]
+            fits = sum(w.nbytes for w in whole) >= whole_bytes
+            del whole
+        except (MemoryError, RuntimeError):
+            fits = False
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, limits)
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+    return whole_bytes, before, after, fits
+
+
+def test_checkpoint_of_a_model_larger_than_a_rank_memory_cap(tmp_path):
+    # each of 4 ranks holds 72 MB of state, and its gradients; the whole state (6 kernels of 16 MB, Adam's 2 slots
+    # each: 288 MB) does not fit the cap
+    budget = 260 * 2**20
+    results = run_on_ranks(capped_checkpoint_round_trip, str(tmp_path / "ckpt"), budget, world_size=4, timeout=600)
+    for rank, (whole_bytes, before, after, fits) in enumerate(results):
+        assert whole_bytes > budget, whole_bytes
+        assert after == before, rank  # every piece came back from the checkpoint
+        assert any(before) and not fits, (rank, fits)  # and the cap bites: the whole state cannot be gathered
