@@ -1,7 +1,8 @@
-"""Building under ``ModelParallel``: constant initial values made in pieces, and large weights left whole named.
+"""Building under ``ModelParallel``: no whole initial value on more than one rank; large weights left whole named.
 
 Zeros, ones and constants (biases, norm scales, every optimizer slot) are made by each rank for its own piece,
-with no whole tensor and no scatter; the values equal one process's. A large weight no rule of the layout map
+with no whole tensor and no scatter; a sharded random initial value is drawn on rank 0 alone, which sends each
+rank its piece; the values equal one process's. A large weight no rule of the layout map
 matches is named in a warning with a rule that shards it; the rule, followed, shards it and the warning stops.
 """
 
@@ -44,11 +45,17 @@ def build_on_ranks(world_size):
 
     keras_integration.install()
     scattered = []
+    drawn = []
     real_distribute = dtensor_module.distribute_tensor
+    real_draw = keras.initializers.GlorotUniform.__call__
 
     def recording_distribute(tensor, *args, **kwargs):
         scattered.append(tuple(tensor.shape))
         return real_distribute(tensor, *args, **kwargs)
+
+    def recording_draw(self, shape, *args, **kwargs):
+        drawn.append(tuple(shape))
+        return real_draw(self, shape, *args, **kwargs)
 
     try:
         layout_map = keras.distribution.LayoutMap(_mesh(world_size))
@@ -59,19 +66,21 @@ def build_on_ranks(world_size):
         keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map))
         keras.utils.set_random_seed(5)
         dtensor_module.distribute_tensor = recording_distribute
+        keras.initializers.GlorotUniform.__call__ = recording_draw
         try:
             model = _model()
             optimizer = keras.optimizers.Adam()
             optimizer.build(model.trainable_variables)
         finally:
             dtensor_module.distribute_tensor = real_distribute
+            keras.initializers.GlorotUniform.__call__ = real_draw
         placements = {v.path: str(tuple(v.value.placements)) if isinstance(v.value, DTensor) else "plain"
                       for v in model.variables + optimizer.variables}
         values = [(v.path.split("/", 1)[-1], np.array(v.numpy())) for v in model.variables + optimizer.variables]
     finally:
         keras.distribution.set_distribution(None)
         keras_integration.uninstall()
-    return scattered, placements, values
+    return scattered, drawn, placements, values
 
 
 @pytest.mark.skipif(KERAS_OWN_DISTRIBUTION, reason="Keras 3.16 makes its own layout-aware variables "
@@ -80,10 +89,15 @@ def build_on_ranks(world_size):
 def test_constant_initial_values_are_made_in_pieces(world_size):
     import keras
 
-    scattered, placements, values = run_on_ranks(build_on_ranks, world_size, world_size=world_size, timeout=600)[0]
-    # only the random kernels are made whole and distributed (sharded or not), and the scalars Adam makes from
-    # values (its step and learning rate, and more before Keras 3.13); biases, gamma, beta and Adam's slots are not
-    assert [shape for shape in scattered if shape] == [(8, 16), (16, 4)], scattered
+    results = run_on_ranks(build_on_ranks, world_size, world_size=world_size, timeout=600)
+    for rank, (scattered, drawn, _, _) in enumerate(results):
+        # the random kernel sharded over the processes is drawn whole on rank 0 alone, which sends each rank its
+        # piece; the replicated one (every rank holds it whole anyway) is drawn everywhere and distributed by
+        # torch, as are the scalars Adam makes from values (its step and learning rate, more before Keras 3.13);
+        # biases, gamma, beta and Adam's slots are made in pieces
+        assert drawn == ([(8, 16), (16, 4)] if rank == 0 else [(16, 4)]), (rank, drawn)
+        assert [shape for shape in scattered if shape] == [(16, 4)], (rank, scattered)
+    _, _, placements, values = results[0]
     assert placements["net/wide/bias"] == placements["net/norm/gamma"] == placements["net/wide/kernel"].replace(
         "Shard(dim=1)", "Shard(dim=0)")
     assert any("wide_bias_momentum" in path and "Shard(dim=0)" in p for path, p in placements.items())

@@ -198,6 +198,60 @@ def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch
     return parameter
 
 
+def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
+    """Whether ``layout`` splits a tensor of ``shape`` over a mesh of every process (one per device)."""
+    from torch.distributed.tensor import Shard
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    mesh, placements = _resolve(layout)
+    return mesh.size() == dist.get_world_size() and any(  # fit_placements replicates the other splits
+        isinstance(p, Shard) and shape[p.dim] >= mesh.size(mesh_dim) for mesh_dim, p in enumerate(placements))
+
+
+def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tuple[int, ...], dtype: torch.dtype,
+                                       layout: Any, trainable: bool = True) -> torch.nn.Parameter:
+    """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):
+    rank 0 sends each rank its piece, and no other rank ever holds the whole."""
+    from torch.distributed.tensor import DTensor
+
+    from .._torch.api import compute_local_shape_and_global_offset
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(tuple(shape), mesh, placements, "variable")
+    local_shape, offset = compute_local_shape_and_global_offset(tuple(shape), mesh, placements)
+    header = torch.tensor(list(local_shape) + list(offset), dtype=torch.int64)
+    rank = dist.get_rank()
+    headers = [torch.empty_like(header) for _ in range(dist.get_world_size())] if rank == 0 else None
+    dist.gather(header, headers, dst=0)
+    if rank == 0:
+        assert whole is not None
+        whole = whole.detach().to(dtype)
+        for other, other_header in enumerate(headers or ()):
+            other_shape, other_offset = other_header[:len(shape)].tolist(), other_header[len(shape):].tolist()
+            if other and 0 not in other_shape:
+                dist.send(whole[tuple(slice(o, o + s) for o, s in zip(other_offset, other_shape))].contiguous(),
+                          dst=other)
+        local = whole[tuple(slice(o, o + s) for o, s in zip(offset, local_shape))].clone()
+    else:
+        local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
+        if local.numel():
+            dist.recv(local, src=0)
+    distributed = DTensor.from_local(local, mesh, list(placements), run_check=False, shape=torch.Size(shape),
+                                     stride=_contiguous_strides(tuple(shape)))
+    parameter = torch.nn.Parameter(distributed, requires_grad=trainable)
+    lay_out_gradient_like(parameter)
+    return parameter
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 GRADIENTS_LIKE_PARAMETERS = False
 """Whether the hook below acts: set while the Keras integration is installed (parameters made then keep
 their hook after ``uninstall()``, which then changes nothing)."""

@@ -55,6 +55,9 @@ name here                                   3.15.1 / 3.16
 :func:`rng_utils`                           ``keras.src.utils.rng_utils`` (``get_random_seed``,
                                             ``set_random_seed``), same in both
 :func:`layout_map_of`                       a ``ModelParallel``'s ``_layout_map``, same in both
+:func:`random_initializer_class`            ``keras.src.initializers.random_initializers.RandomInitializer``
+                                            (its ``seed``: an int unless a ``SeedGenerator`` was given), same in
+                                            both
 :func:`variable_storage`                    a torch ``Variable``'s ``_value`` (the ``nn.Parameter`` it holds),
                                             same in both
 :data:`INSTALL_TRIGGERS`                    the modules above whose loading means Keras is being imported
@@ -301,3 +304,10 @@ def variable_storage(variable: Any) -> Any:
 def layout_map_of(distribution: Any) -> Any:
     """A ``ModelParallel``'s ``LayoutMap`` (kept as ``_layout_map``), or None."""
     return getattr(distribution, "_layout_map", None)
+
+
+def random_initializer_class() -> Any:
+    """The base of Keras' random initializers; ``seed`` is an int drawn at construction unless a SeedGenerator."""
+    from keras.src.initializers.random_initializers import RandomInitializer
+
+    return RandomInitializer

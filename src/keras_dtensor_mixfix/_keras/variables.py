@@ -53,6 +53,16 @@ def install(patches: PatchRecorder) -> None:
                 self._value = keras_modules.lib().distribute_constant_variable(
                     self._shape, fill, core.to_torch_dtype(self._dtype), self._layout, trainable=self.trainable)
                 return
+        elif _pure_random(initializer):
+            _resolve_layout(self, self._shape)
+            lib = keras_modules.lib()
+            if getattr(self, "_layout", None) is not None and lib.shards_across_processes(self._shape, self._layout):
+                # a function of (seed, shape, dtype) alone: rank 0 draws it, the others only receive their pieces
+                whole = self._convert_to_tensor(initializer(self._shape, dtype=self._dtype)) if lib.process_id() == 0 \
+                    else None
+                self._value = lib.distribute_variable_from_rank_zero(
+                    whole, self._shape, core.to_torch_dtype(self._dtype), self._layout, trainable=self.trainable)
+                return
         original_initialize_with_initializer(self, initializer)
 
     def _initialize(self: Any, value: Any) -> None:
@@ -108,3 +118,12 @@ def _constant_fill(initializer: Any) -> Any:
     if kind is keras.initializers.Constant and isinstance(getattr(initializer, "value", None), (int, float)):
         return initializer.value
     return None
+
+
+def _pure_random(initializer: Any) -> bool:
+    """A Keras random initializer whose values depend on its int seed, the shape and the dtype only (no generator
+    state: skipping the call changes no later draw)."""
+    kind = type(initializer)
+    return (isinstance(initializer, keras_modules.random_initializer_class())
+            and kind.__module__.startswith("keras.src.initializers.")
+            and isinstance(getattr(initializer, "seed", None), int))
