@@ -178,8 +178,17 @@ def check_data_and_saving() -> str:
     saving = keras_modules.saving_lib()
     for name in ("save_model", "save_weights_only"):
         _takes(getattr(saving, name), "model", "filepath")
+    _require(saving, ("load_model", "load_weights_only", "H5IOStore", "ShardedH5IOStore", "safe_get_h5_dataset",
+                      "is_memory_sufficient"), "saving_lib")
+    for name in ("__getitem__", "__setitem__", "make"):
+        if name not in vars(saving.H5IOStore):
+            raise AttributeError(f"saving_lib.H5IOStore has no {name} of its own")
+    _require(keras_modules.base_variable_class(), ("assign", "numpy"), "the common Variable")
+    _require(keras_modules.random_initializer_class(), ("__init__",), "RandomInitializer")
     _require(keras_modules.rng_utils(), ("get_random_seed", "set_random_seed"), "rng_utils")
-    return "get_data_adapter, is_tf_dataset; saving_lib.save_model/save_weights_only(model, filepath); rng_utils"
+    return ("get_data_adapter, is_tf_dataset; saving_lib.save_model/save_weights_only(model, filepath), "
+            "load_model, load_weights_only, H5IOStore (make, __getitem__, __setitem__), ShardedH5IOStore, "
+            "safe_get_h5_dataset, is_memory_sufficient; Variable.assign/numpy; RandomInitializer; rng_utils")
 
 
 CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
@@ -205,7 +214,7 @@ CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
     KerasCheck("layer_call", "Layer.__call__", check_layer_call),
     KerasCheck("traceback_filter", "traceback_utils._EXCLUDED_PATHS (the paths Keras' filter hides)",
                check_traceback_filter),
-    KerasCheck("data_and_saving", "get_data_adapter, saving_lib.save_model/save_weights_only, rng_utils",
-               check_data_and_saving),
+    KerasCheck("data_and_saving", "get_data_adapter, saving_lib's save and load functions and weight stores, "
+                                  "Variable.assign/numpy, RandomInitializer, rng_utils", check_data_and_saving),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a Keras where it fails)."""

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from .._rules.errors import InvalidArgumentError
 from . import keras_modules
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
-from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic, placements_for,  # noqa: F401
-                      relayout)
+from .layouts import (DTensorLayout, TorchLayout, dtensor_from_piece, fit_placements, is_symbolic,  # noqa: F401
+                      placements_for, relayout)
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -213,8 +213,6 @@ def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tup
                                        layout: Any, trainable: bool = True) -> torch.nn.Parameter:
     """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):
     rank 0 sends each rank its piece, and no other rank ever holds the whole."""
-    from torch.distributed.tensor import DTensor
-
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh, placements = _resolve(layout)
@@ -237,19 +235,9 @@ def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tup
         local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
         if local.numel():
             dist.recv(local, src=0)
-    distributed = DTensor.from_local(local, mesh, list(placements), run_check=False, shape=torch.Size(shape),
-                                     stride=_contiguous_strides(tuple(shape)))
-    parameter = torch.nn.Parameter(distributed, requires_grad=trainable)
+    parameter = torch.nn.Parameter(dtensor_from_piece(local, mesh, list(placements), shape), requires_grad=trainable)
     lay_out_gradient_like(parameter)
     return parameter
-
-
-def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 GRADIENTS_LIKE_PARAMETERS = False

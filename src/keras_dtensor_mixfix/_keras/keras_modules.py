@@ -51,7 +51,10 @@ name here                                   3.15.1 / 3.16
 :func:`data_adapter_utils`                  ``is_tf_dataset``) and its ``data_adapter_utils``
                                             (``unpack_x_y_sample_weight``), same in both
 :func:`saving_lib`                          ``keras.src.saving.saving_lib`` (``save_model``,
-                                            ``save_weights_only``), same in both
+                                            ``save_weights_only``, ``load_model``, ``load_weights_only``, the
+                                            weight stores ``H5IOStore``, ``ShardedH5IOStore`` and
+                                            ``NpzIOStore`` (not in 3.16), ``safe_get_h5_dataset``,
+                                            ``is_memory_sufficient``), same in both
 :func:`rng_utils`                           ``keras.src.utils.rng_utils`` (``get_random_seed``,
                                             ``set_random_seed``), same in both
 :func:`layout_map_of`                       a ``ModelParallel``'s ``_layout_map``, same in both
@@ -304,6 +307,10 @@ def variable_storage(variable: Any) -> Any:
 def layout_map_of(distribution: Any) -> Any:
     """A ``ModelParallel``'s ``LayoutMap`` (kept as ``_layout_map``), or None."""
     return getattr(distribution, "_layout_map", None)
+
+
+INITIALIZERS_PACKAGE = "keras.src.initializers."
+"""Where Keras' own initializers are defined (a class defined elsewhere is a user's, which may draw as it likes)."""
 
 
 def random_initializer_class() -> Any:

@@ -16,7 +16,6 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from .._rules.errors import MixfixError
-from .._torch.api import compute_local_shape_and_global_offset
 from . import keras_modules
 
 GATHER, ENDED, FAILED = 1, 2, 3
@@ -71,10 +70,12 @@ def gather_whole(value: Any) -> Any:
     value = as_stored(value)
     if not isinstance(value, DTensor):
         return value
-    if _signal(GATHER) != GATHER:  # pragma: no cover - rank 0 sends the signal itself
-        raise AssertionError("rank 0 received another rank's signal")
+    _signal(GATHER)
     whole = _assemble(value)
-    return keras_modules.core().convert_to_numpy(whole)
+    try:
+        return whole.numpy()  # the same memory: Keras' conversion would copy it (two whole weights at once)
+    except TypeError:  # bfloat16 and other dtypes NumPy lacks: Keras' own conversion
+        return keras_modules.core().convert_to_numpy(whole)
 
 
 def send_piece(value: Any) -> None:
@@ -101,6 +102,8 @@ def _assemble(value: Any) -> Optional[Any]:
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import Replicate, Shard
+
+    from .._torch.api import compute_local_shape_and_global_offset  # imports torch: not at the module's import
 
     value = value.detach()
     if not all(isinstance(p, (Shard, Replicate)) for p in value.placements):  # Partial: reduce it first

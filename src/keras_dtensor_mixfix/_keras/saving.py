@@ -11,6 +11,10 @@ sufficient); no other rank holds any or writes the weights file. Their copy of t
 and assets of a ``.keras`` file) goes to a temporary directory, deleted at once.
 
 Loading (:mod:`.slice_loading`): each rank reads from the h5 file only the slice of each weight its own piece holds.
+
+Both take Keras' path for models too large for memory where it has one: a ``.keras`` archive's weights file is built
+on disk beside the archive when saving, and extracted beside it (a temporary copy per process) when loading, instead
+of being held in memory whole.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
         if not _multi_process():
             return original(*args, **kwargs)
         try:
-            with slice_loading.reading_slices():
+            with slice_loading.reading_slices(), _weights_file_on_disk():
                 return original(*args, **kwargs)
         finally:
             return_freed_memory()
@@ -78,7 +82,7 @@ def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
 def _save_on_rank_zero(original: Callable[..., Any], model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
     failed = True
     try:
-        with _converting_dtensors(rank_zero_gather.gather_whole):
+        with _converting_dtensors(rank_zero_gather.gather_whole), _weights_file_on_disk():
             result = original(model, filepath, *args, **kwargs)
         failed = False
         return result
@@ -125,15 +129,40 @@ def _converting_dtensors(convert: Callable[[Any], Any]) -> Iterator[None]:
                         for item in x)
         return current(x)
 
+    variable_class = keras_modules.base_variable_class()
+    current_numpy = variable_class.numpy
+
+    @functools.wraps(current_numpy)
+    def numpy(self: Any) -> Any:
+        stored = rank_zero_gather.as_stored(self)
+        # Keras' np.array(self) would copy the array convert() returns (optimizers store variable.numpy())
+        return convert(stored) if isinstance(stored, DTensor) else current_numpy(self)
+
     holders = [module for name, module in list(sys.modules.items())
                if (name == "keras" or name.startswith("keras.")) and getattr(module, "convert_to_numpy", None) is current]
     for module in holders:
         setattr(module, "convert_to_numpy", convert_to_numpy)
+    variable_class.numpy = numpy
     try:
         yield
     finally:
+        variable_class.numpy = current_numpy
         for module in holders:
             setattr(module, "convert_to_numpy", current)
+
+
+@contextlib.contextmanager
+def _weights_file_on_disk() -> Iterator[None]:
+    """Keras builds a ``.keras`` archive's weights file on disk and streams it into the archive (its path for models
+    it judges too large for memory), rather than in memory: under a distribution the model is sharded because
+    memory is short. The file is the same."""
+    saving_lib = keras_modules.saving_lib()
+    current = saving_lib.is_memory_sufficient
+    saving_lib.is_memory_sufficient = lambda model: False
+    try:
+        yield
+    finally:
+        saving_lib.is_memory_sufficient = current
 
 
 @contextlib.contextmanager

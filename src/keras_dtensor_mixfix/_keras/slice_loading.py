@@ -14,7 +14,6 @@ from typing import Any, Callable, Iterator, Tuple
 
 import numpy as np
 
-from .._torch.api import compute_local_shape_and_global_offset
 from . import keras_modules
 
 
@@ -130,6 +129,8 @@ def _fill_local_piece(variable: Any, stored: StoredWeight) -> bool:
     """Fill a sharded variable's piece from ``stored``'s slice at this rank's offset; False if not sharded."""
     import torch
     from torch.distributed.tensor import DTensor
+
+    from .._torch.api import compute_local_shape_and_global_offset  # imports torch: not at the module's import
 
     storage = keras_modules.variable_storage(variable)
     if not isinstance(storage, DTensor) or stored.shape != tuple(storage.shape):

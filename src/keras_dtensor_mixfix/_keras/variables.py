@@ -125,5 +125,5 @@ def _pure_random(initializer: Any) -> bool:
     state: skipping the call changes no later draw)."""
     kind = type(initializer)
     return (isinstance(initializer, keras_modules.random_initializer_class())
-            and kind.__module__.startswith("keras.src.initializers.")
+            and kind.__module__.startswith(keras_modules.INITIALIZERS_PACKAGE)
             and isinstance(getattr(initializer, "seed", None), int))
