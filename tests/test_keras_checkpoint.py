@@ -191,7 +191,7 @@ def keras_files_on_ranks(world_size, kind, directory):
     from torch.distributed.tensor import DTensor
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import slice_loading
+    from keras_dtensor_mixfix._keras import rank_zero_gather, slice_loading
 
     import h5py
 
@@ -199,6 +199,7 @@ def keras_files_on_ranks(world_size, kind, directory):
     gathers = []
     read_shapes = []
     h5_written = []
+    assembled = []
     real_full_tensor, real_read_slice = DTensor.full_tensor, slice_loading.StoredWeight.read_slice
     real_h5_init = h5py.File.__init__
 
@@ -221,8 +222,13 @@ def keras_files_on_ranks(world_size, kind, directory):
         model = _trained()
         before = os.listdir(directory)
         DTensor.full_tensor, h5py.File.__init__ = counting_full_tensor, recording_h5_init
+        real_assemble = rank_zero_gather._assemble
+        rank_zero_gather._assemble = lambda value: assembled.append(tuple(value.shape)) or real_assemble(value)
         try:
             model.save_weights(os.path.join(directory, "m.weights.h5"))
+        finally:
+            rank_zero_gather._assemble = real_assemble
+        try:
             model.save(os.path.join(directory, "m.keras"))
             model.save_weights(os.path.join(directory, "m.weights.json"), max_shard_size=0.000002)
         finally:
@@ -241,7 +247,7 @@ def keras_files_on_ranks(world_size, kind, directory):
     finally:
         keras.distribution.set_distribution(None)
         keras_integration.uninstall()
-    return state, gathers, written, read_shapes, placements, h5_written
+    return state, gathers, written, read_shapes, placements, h5_written, assembled
 
 
 @pytest.mark.parametrize("world_size, kind", [(2, "model_parallel"), (4, "model_parallel_2d")])
@@ -255,10 +261,11 @@ def test_keras_files_gather_on_rank_zero_only_and_load_by_slices(tmp_path, world
     assert written == ["m.keras", "m.weights.h5", "m.weights.json"] + [f"m_{i:05d}.weights.h5" for i in
                                                                         range(len(written) - 3)], written
     assert len(written) > 4  # max_shard_size split the weights over several files
-    for rank, (_, gathers, _, read_shapes, placements, h5_written) in enumerate(results):
-        # no rank all-gathers a weight to save it; rank 0 alone writes weights (the h5 files it opens for writing:
-        # the .keras archive's weights are built in memory, file name "")
-        assert gathers == [], (rank, gathers)
+    for rank, (_, gathers, _, read_shapes, placements, h5_written, assembled) in enumerate(results):
+        # no rank all-gathers a weight to save it; rank 0 alone writes weights (the h5 files it opens for writing);
+        # in a .weights.h5 file rank 0 writes each sharded weight (dense_a's kernel and bias, dense_b's kernel),
+        # the optimizer's slots too, piece by piece: it never assembles one whole
+        assert gathers == [] and not {(8, 16), (16,), (16, 6)} & set(assembled), (rank, gathers, assembled)
         assert (h5_written == [] if rank else len(h5_written) == len(written) - 1), (rank, h5_written)
         assert "Shard(dim=1)" in placements
         # the sharded kernels were read by slices: a (8, 16) kernel split in 2 reads (8, 8) on each rank

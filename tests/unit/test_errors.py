@@ -114,8 +114,8 @@ BUILTIN_RAISES_KEPT = {
     ("_keras/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
                                                 "the same failure as Python's own import of it, and caught as one",
     ("_engine/decide.py", "AssertionError"): "an internal invariant (an unreachable branch), never a user's error",
-    ("_keras/slice_loading.py", "AttributeError"): "StoredWeight.__getattr__'s protocol: a private name it does not "
-                                                   "have (copy, pickle and hasattr() probe them)",
+    ("_keras/array_proxy.py", "AttributeError"): "ArrayProxy.__getattr__'s protocol: a private name it does not "
+                                                 "have (copy, pickle and hasattr() probe them)",
 }
 
 

@@ -11,12 +11,13 @@ Before each weight rank 0 says whether it still gathers (:data:`GATHER`) or has 
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from .._rules.errors import MixfixError
 from . import keras_modules
+from .array_proxy import ArrayProxy
 
 GATHER, ENDED, FAILED = 1, 2, 3
 
@@ -36,6 +37,10 @@ def _signal(code: int) -> int:
 
 def announce_end(failed: bool) -> None:
     """Rank 0: the save is over (every weight written, or it raised)."""
+    global _outstanding
+    if not failed:
+        flush()
+    _outstanding = None
     _signal(FAILED if failed else ENDED)
 
 
@@ -70,12 +75,101 @@ def gather_whole(value: Any) -> Any:
     value = as_stored(value)
     if not isinstance(value, DTensor):
         return value
+    flush()
     _signal(GATHER)
-    whole = _assemble(value)
+    return _as_numpy(_assemble(value))
+
+
+def _as_numpy(whole: Any) -> np.ndarray:
     try:
         return whole.numpy()  # the same memory: Keras' conversion would copy it (two whole weights at once)
     except TypeError:  # bfloat16 and other dtypes NumPy lacks: Keras' own conversion
         return keras_modules.core().convert_to_numpy(whole)
+
+
+def numpy_dtype(value: Any) -> Optional[np.dtype]:
+    """The NumPy dtype of a tensor's values, or None where NumPy has none (bfloat16)."""
+    import torch
+
+    try:
+        return torch.empty(0, dtype=value.dtype).numpy().dtype
+    except TypeError:
+        return None
+
+
+class PendingWhole(ArrayProxy):
+    """Rank 0: a sharded weight Keras asked for as an array (``variable.numpy()``), not gathered yet.
+
+    A weight store streams it piece by piece into the file (:meth:`stream_into`); anything else that uses it as an
+    array gets it gathered whole (:class:`ArrayProxy`). It is gathered, in the ranks' common order, before any later
+    weight is.
+    """
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+        self._whole: Optional[np.ndarray] = None
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._value.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self._value.ndim
+
+    @property
+    def dtype(self) -> Any:
+        return numpy_dtype(self._value)
+
+    @property
+    def gathered(self) -> bool:
+        return self._whole is not None or _outstanding is not self
+
+    def whole_array(self) -> np.ndarray:
+        global _outstanding
+        if self._whole is None:
+            if _outstanding is self:
+                _outstanding = None
+            _signal(GATHER)
+            self._whole = _as_numpy(_assemble(self._value))
+        return self._whole
+
+    def stream_into(self, write: Callable[[Tuple[slice, ...], np.ndarray], None]) -> None:
+        """Hand each distinct piece to ``write(index, values)`` as it arrives (no whole weight held)."""
+        global _outstanding
+        if self.gathered:
+            write(tuple(slice(0, n) for n in self.shape), self.whole_array())
+            return
+        _outstanding = None
+        _signal(GATHER)
+        _pieces(self._value, lambda index, piece: write(index, piece.numpy()))
+
+
+_outstanding: Optional[PendingWhole] = None
+
+
+def pending_whole(value: Any) -> Any:
+    """Rank 0: a DTensor (or a Variable holding one) as a :class:`PendingWhole`, or as :func:`gather_whole` gives it
+    where NumPy has no dtype for it; anything else unchanged."""
+    global _outstanding
+    from torch.distributed.tensor import DTensor
+
+    value = as_stored(value)
+    if not isinstance(value, DTensor):
+        return value
+    from torch.distributed.tensor import Shard
+
+    if numpy_dtype(value) is None or not any(isinstance(p, Shard) for p in value.placements):
+        return gather_whole(value)  # no NumPy dtype to stream with, or nothing to gather: rank 0 holds it whole
+    flush()
+    _outstanding = PendingWhole(value)
+    return _outstanding
+
+
+def flush() -> None:
+    """Rank 0: gather the weight still pending, keeping the ranks' order (before any other, and at the end)."""
+    if _outstanding is not None:
+        _outstanding.whole_array()
 
 
 def send_piece(value: Any) -> None:
@@ -88,7 +182,7 @@ def send_piece(value: Any) -> None:
     code = _signal(0)
     if code != GATHER:
         raise _stopped(code)
-    _assemble(value)
+    _pieces(value, None)
 
 
 def send_piece_for_placeholder(value: Any) -> np.ndarray:
@@ -97,8 +191,27 @@ def send_piece_for_placeholder(value: Any) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=np.float32), tuple(value.shape))
 
 
-def _assemble(value: Any) -> Optional[Any]:
-    """Every rank calls this on the same DTensor; rank 0 returns the whole tensor, the others None."""
+def _assemble(value: Any) -> Any:
+    """Rank 0: the whole tensor, from its own piece and the pieces the other ranks send (:func:`_pieces`)."""
+    import torch
+
+    assembled: List[Any] = []
+
+    def write(index: Tuple[slice, ...], piece: Any) -> None:
+        if not assembled:
+            if tuple(piece.shape) == tuple(value.shape):  # a replicated weight: rank 0's own copy, not a new one
+                assembled.append(piece)
+                return
+            assembled.append(torch.empty(value.shape, dtype=value.dtype, device=piece.device))
+        assembled[0][index] = piece
+
+    _pieces(value, write)
+    return assembled[0] if assembled else torch.empty(value.shape, dtype=value.dtype)
+
+
+def _pieces(value: Any, write: Optional[Callable[[Tuple[slice, ...], Any], None]]) -> None:
+    """Every rank calls this on the same DTensor: rank 0's ``write(index, piece)`` receives each distinct piece of
+    it (its own and those the others send, one at a time); the other ranks send theirs (``write`` is None)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import Replicate, Shard
@@ -110,20 +223,21 @@ def _assemble(value: Any) -> Optional[Any]:
         value = value.redistribute(value.device_mesh, [Replicate()] * value.device_mesh.ndim)
     mesh, placements = value.device_mesh, tuple(value.placements)
     rank = dist.get_rank()
-    senders = _senders(mesh, placements)
     local = value.to_local()
     if all(isinstance(p, Replicate) for p in placements):
-        return local.clone() if rank == 0 else None
-    if rank != 0:
+        if write is not None:
+            write(tuple(slice(0, n) for n in value.shape), local)
+        return
+    senders = _senders(mesh, placements)
+    if write is None:
         if rank in senders:
             shape, offset = compute_local_shape_and_global_offset(value.shape, mesh, placements)
             dist.send(torch.tensor(list(shape) + list(offset), dtype=torch.int64), dst=0)
             if local.numel():
                 dist.send(local.contiguous(), dst=0)
-        return None
-    whole = torch.empty(value.shape, dtype=local.dtype, device=local.device)
+        return
     for sender in senders:
-        if sender == 0:
+        if sender == rank:
             shape, offset = compute_local_shape_and_global_offset(value.shape, mesh, placements)
             piece = local
         else:
@@ -134,8 +248,8 @@ def _assemble(value: Any) -> Optional[Any]:
                 continue
             piece = torch.empty(shape, dtype=local.dtype, device=local.device)
             dist.recv(piece, src=sender)
-        whole[tuple(slice(o, o + s) for o, s in zip(offset, shape))] = piece
-    return whole
+        if 0 not in shape:
+            write(tuple(slice(o, o + s) for o, s in zip(offset, shape)), piece)
 
 
 def _senders(mesh: Any, placements: Tuple[Any, ...]) -> List[int]:

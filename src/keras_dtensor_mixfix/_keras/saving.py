@@ -3,9 +3,10 @@
 Saving:
 
 Every rank runs Keras' save (the same traversal of the same model, so the ranks meet each weight together), with
-Keras' ``convert_to_numpy`` of a DTensor replaced for the call: on rank 0 it assembles the weight from the pieces
-the other ranks send (:mod:`.rank_zero_gather`), and Keras writes it; on the others it sends this rank's piece and
-returns a placeholder, and their weight stores write nothing. Rank 0 holds one whole weight at a time (and
+Keras' conversions of a DTensor replaced for the call (:mod:`.rank_zero_gather`): on rank 0, the h5 weight store
+writes each sharded weight into its dataset piece by piece as the other ranks send the pieces (any other use
+assembles it whole first); on the others the conversion sends this rank's piece and returns a placeholder, and
+their weight stores write nothing. Rank 0 holds one whole weight at a time (and
 what Keras itself holds: a ``.keras`` archive's weights file is built in memory when Keras judges the memory
 sufficient); no other rank holds any or writes the weights file. Their copy of the small rest (the configuration
 and assets of a ``.keras`` file) goes to a temporary directory, deleted at once.
@@ -82,7 +83,8 @@ def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
 def _save_on_rank_zero(original: Callable[..., Any], model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
     failed = True
     try:
-        with _converting_dtensors(rank_zero_gather.gather_whole), _weights_file_on_disk():
+        with _converting_dtensors(rank_zero_gather.gather_whole, rank_zero_gather.pending_whole), \
+                _weights_file_on_disk(), _weight_stores(_streaming_store):
             result = original(model, filepath, *args, **kwargs)
         failed = False
         return result
@@ -95,7 +97,8 @@ def _save_elsewhere(original: Callable[..., Any], model: Any, filepath: Any, *ar
     try:
         # the same file name (Keras checks its suffix), in a directory of this rank's own
         name = os.path.basename(str(filepath).rstrip("/")) if isinstance(filepath, (str, os.PathLike)) else "model.keras"
-        with _converting_dtensors(rank_zero_gather.send_piece_for_placeholder), _weight_stores(_SendingStore):
+        with _converting_dtensors(rank_zero_gather.send_piece_for_placeholder,
+                                  rank_zero_gather.send_piece_for_placeholder), _weight_stores(lambda name, kind: _SendingStore):
             result = original(model, os.path.join(scratch, name), *args, **kwargs)
         rank_zero_gather.await_end()
         return result
@@ -110,17 +113,21 @@ def _save_elsewhere(original: Callable[..., Any], model: Any, filepath: Any, *ar
 
 
 @contextlib.contextmanager
-def _converting_dtensors(convert: Callable[[Any], Any]) -> Iterator[None]:
-    """Keras' ``convert_to_numpy`` hands DTensors to ``convert`` for one save (in every module that holds it by
-    name: layers store Variables, which convert through it, and optimizers store ``variable.numpy()``)."""
+def _converting_dtensors(convert: Callable[[Any], Any], convert_for_numpy: Callable[[Any], Any]) -> Iterator[None]:
+    """Keras' ``convert_to_numpy`` hands DTensors to ``convert`` for one save, and a Variable's ``numpy()`` to
+    ``convert_for_numpy`` (in every module that holds the function by name: layers store Variables, which convert
+    through it; optimizers store ``variable.numpy()``)."""
     import sys
 
+    import numpy as np
     from torch.distributed.tensor import DTensor
 
     current = keras_modules.core().convert_to_numpy
 
     @functools.wraps(current)
     def convert_to_numpy(x: Any) -> Any:
+        if isinstance(x, (np.ndarray, rank_zero_gather.PendingWhole)):
+            return np.asarray(x)  # Keras' np.array() would copy a whole weight already in hand
         stored = rank_zero_gather.as_stored(x)  # a Variable converts as its tensor (Keras 3.16 gathers it inside)
         if isinstance(stored, DTensor):
             return convert(stored)
@@ -136,7 +143,7 @@ def _converting_dtensors(convert: Callable[[Any], Any]) -> Iterator[None]:
     def numpy(self: Any) -> Any:
         stored = rank_zero_gather.as_stored(self)
         # Keras' np.array(self) would copy the array convert() returns (optimizers store variable.numpy())
-        return convert(stored) if isinstance(stored, DTensor) else current_numpy(self)
+        return convert_for_numpy(stored) if isinstance(stored, DTensor) else current_numpy(self)
 
     holders = [module for name, module in list(sys.modules.items())
                if (name == "keras" or name.startswith("keras.")) and getattr(module, "convert_to_numpy", None) is current]
@@ -166,18 +173,46 @@ def _weights_file_on_disk() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _weight_stores(replacement: type) -> Iterator[None]:
-    """Keras' weight store classes replaced in ``saving_lib`` for one save (Keras looks them up there)."""
+def _weight_stores(replacement: Callable[[str, type], type]) -> Iterator[None]:
+    """Keras' weight store classes replaced in ``saving_lib`` for one save (Keras looks them up there):
+    ``replacement(name, store_class)`` gives each one's replacement."""
     saving_lib = keras_modules.saving_lib()
     originals: Dict[str, type] = {name: getattr(saving_lib, name) for name in WEIGHT_STORES
                                   if hasattr(saving_lib, name)}
-    for name in originals:
-        setattr(saving_lib, name, replacement)
+    for name, store_class in originals.items():
+        setattr(saving_lib, name, replacement(name, store_class))
     try:
         yield
     finally:
         for name, store_class in originals.items():
             setattr(saving_lib, name, store_class)
+
+
+def _streaming_store(name: str, store_class: type) -> type:
+    """Rank 0's ``H5IOStore`` writes a sharded weight into its h5 dataset piece by piece, as the pieces arrive;
+    the other stores (sharded h5 files, npz) receive it whole."""
+    return _streaming_h5_store(store_class) if name == "H5IOStore" else store_class
+
+
+@functools.lru_cache(maxsize=None)
+def _streaming_h5_store(store_class: type) -> type:
+    def __setitem__(self: Any, key: Any, value: Any) -> None:
+        pending = value if isinstance(value, rank_zero_gather.PendingWhole) else None
+        if pending is None and self.mode in ("w", "a"):
+            candidate = rank_zero_gather.pending_whole(value)  # a sharded Variable's (what layers store)
+            pending = candidate if isinstance(candidate, rank_zero_gather.PendingWhole) else None
+            value = candidate
+        if pending is None or pending.gathered:
+            store_class.__setitem__(self, key, value)
+            return
+        # Keras' own __setitem__, the dataset filled by pieces instead of from one whole array
+        if not self._h5_entry_initialized:
+            self._create_h5_group(self._h5_entry_path)
+        dataset = self._h5_entry_group.create_dataset(key, shape=pending.shape, dtype=pending.dtype)
+        pending.stream_into(dataset.__setitem__)
+
+    return type(store_class.__name__, (store_class,), {"__setitem__": __setitem__, "__module__": __name__,
+                                                      "__qualname__": store_class.__name__})
 
 
 class _SendingStore:

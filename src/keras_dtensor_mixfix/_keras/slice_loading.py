@@ -15,12 +15,11 @@ from typing import Any, Callable, Iterator, Tuple
 import numpy as np
 
 from . import keras_modules
+from .array_proxy import ArrayProxy
 
 
-class StoredWeight:
-    """A weight in an h5 file, read whole or by slices on demand; behaves as the whole NumPy array otherwise."""
-
-    __array_priority__ = 1000  # NumPy defers binary operators to ours, which read the array
+class StoredWeight(ArrayProxy):
+    """A weight in an h5 file, read by slices on demand; anything else gets the whole array (:class:`ArrayProxy`)."""
 
     def __init__(self, dataset: Any, bfloat16: bool) -> None:
         self._dataset = dataset
@@ -47,32 +46,8 @@ class StoredWeight:
             return np.array(values, dtype=ml_dtypes.bfloat16)
         return np.asarray(values)
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        values = self.read_slice(())
-        return values if dtype is None else values.astype(dtype)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getattr__(self, name: str) -> Any:  # anything else an array has: the whole array's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.read_slice(()), name)
-
-
-def _whole_array_operator(name: str) -> Callable[..., Any]:
-    def operator(self: StoredWeight, *args: Any) -> Any:
-        return getattr(self.read_slice(()), name)(*args)
-
-    operator.__name__ = name
-    return operator
-
-
-for _name in ("__getitem__", "__iter__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-              "__truediv__", "__rtruediv__", "__neg__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-              "__matmul__", "__rmatmul__", "__pow__"):
-    setattr(StoredWeight, _name, _whole_array_operator(_name))
-StoredWeight.__hash__ = None  # type: ignore[assignment]  # compares by value, as an array
+    def whole_array(self) -> np.ndarray:
+        return self.read_slice(())
 
 
 @contextlib.contextmanager
