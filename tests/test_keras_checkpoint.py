@@ -277,6 +277,33 @@ def test_keras_files_gather_on_rank_zero_only_and_load_by_slices(tmp_path, world
     _assert_same_state(_state(keras.saving.load_model(str(tmp_path / "m.keras"))), state, "load_model")
 
 
+def load_keras_files_on_ranks(world_size, kind, directory):
+    """The states Keras' files in ``directory`` load into, under a distribution (``load_weights``, ``load_model``)."""
+    import keras
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.install()
+    try:
+        keras.distribution.set_distribution(_distribution(kind, world_size))
+        states = {name: _loaded(os.path.join(directory, name)) for name in ("m.weights.h5", "m.keras")}
+        reloaded = keras.saving.load_model(os.path.join(directory, "m.keras"))
+        states["load_model"], placements = _state(reloaded), _placements(reloaded)
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+    return states, placements
+
+
+def test_keras_files_saved_on_two_ranks_load_on_a_two_by_two_mesh(tmp_path):
+    saved = run_on_ranks(keras_files_on_ranks, 2, "model_parallel", str(tmp_path), world_size=2, timeout=600)[0][0]
+    for states, placements in run_on_ranks(load_keras_files_on_ranks, 4, "model_parallel_2d", str(tmp_path),
+                                           world_size=4, timeout=600):
+        assert placements == "(Replicate(), Shard(dim=1))", placements
+        for name, state in states.items():
+            _assert_same_state(state, saved, f"(1, 2) -> (2, 2): {name}")
+
+
 # --------------------------------------------------------------------------- a model larger than a rank's memory
 
 
