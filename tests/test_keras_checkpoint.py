@@ -304,6 +304,49 @@ def test_keras_files_saved_on_two_ranks_load_on_a_two_by_two_mesh(tmp_path):
             _assert_same_state(state, saved, f"(1, 2) -> (2, 2): {name}")
 
 
+def failing_save_on_ranks(directory):
+    """Rank 0's write fails in the middle of save_weights: what each rank raises, and whether training goes on."""
+    import keras
+    import torch.distributed as dist
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras import rank_zero_gather
+
+    keras_integration.install()
+    real_stream = rank_zero_gather.PendingWhole.stream_into
+
+    def full_disk(self, write):
+        raise OSError(28, "No space left on device")
+
+    try:
+        keras.distribution.set_distribution(_distribution("model_parallel", 2))
+        model = _trained()
+        if dist.get_rank() == 0:
+            rank_zero_gather.PendingWhole.stream_into = full_disk
+        try:
+            model.save_weights(os.path.join(directory, "m.weights.h5"))
+            raised = None
+        except Exception as error:  # noqa: BLE001  # what each rank raises is the result
+            raised = (type(error).__name__, str(error))
+        finally:
+            rank_zero_gather.PendingWhole.stream_into = real_stream
+        x, y = _data()
+        loss = model.train_on_batch(x[:8], y[:8])  # the ranks are still in step: the collectives match
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+    return raised, float(loss)
+
+
+def test_a_save_that_fails_on_rank_zero_stops_every_rank_with_the_reason(tmp_path):
+    (raised_0, loss_0), (raised_1, loss_1) = run_on_ranks(failing_save_on_ranks, str(tmp_path), world_size=2,
+                                                          timeout=300)
+    assert raised_0 is not None and raised_0[0] == "OSError" and "No space left" in raised_0[1], raised_0
+    assert raised_1 is not None and raised_1[0] == "RankZeroStopped", raised_1
+    assert "rank 0 raised while saving" in raised_1[1], raised_1
+    assert loss_0 == loss_1
+
+
 # --------------------------------------------------------------------------- a model larger than a rank's memory
 
 
