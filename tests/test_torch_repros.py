@@ -22,6 +22,7 @@ import torch_boolean_mask_index  # noqa: E402
 import torch_clip_grad_norm_two_meshes  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
 import torch_cosine_embedding_loss_split_features  # noqa: E402
+import torch_dcp_load_reads_whole_saved_tensor  # noqa: E402
 import torch_dtensor_argmax_compiled  # noqa: E402
 import torch_dtensor_one_hot_compiled  # noqa: E402
 import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
@@ -166,3 +167,11 @@ def test_scatter_add_with_a_src_larger_than_the_index_along_the_split_dim():
                           "strategy); the package indexes local pieces for a plain mask (_engine/corrections.py)")
 def test_boolean_mask_index_of_a_replicated_dtensor():
     _run_repro(torch_boolean_mask_index.repro, "RuntimeError", "nonzero", world_size=2)
+
+
+# seen on 2.12.1, 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: torch.distributed.checkpoint reads a tensor saved whole in "
+                          "full on every rank that loads a piece of it (docs/keras.md, Saving, loading and memory)")
+def test_dcp_load_of_a_tensor_saved_whole_reads_it_whole_on_every_rank():
+    _run_repro(torch_dcp_load_reads_whole_saved_tensor.repro, "AssertionError", "bytes to load its", world_size=2)
