@@ -1,21 +1,17 @@
-"""Keras' own files under a multi-process distribution: no rank but 0 holds a whole sharded weight.
+"""Keras' own files under a multi-process distribution: no rank holds a whole sharded weight.
 
-Saving:
-
-Every rank runs Keras' save (the same traversal of the same model, so the ranks meet each weight together), with
-Keras' conversions of a DTensor replaced for the call (:mod:`.rank_zero_gather`): on rank 0, the h5 weight store
-writes each sharded weight into its dataset piece by piece as the other ranks send the pieces (any other use
-assembles it whole first); on the others the conversion sends this rank's piece and returns a placeholder, and
-their weight stores write nothing. Rank 0 holds one whole weight at a time (and
-what Keras itself holds: a ``.keras`` archive's weights file is built in memory when Keras judges the memory
-sufficient); no other rank holds any or writes the weights file. Their copy of the small rest (the configuration
-and assets of a ``.keras`` file) goes to a temporary directory, deleted at once.
+Saving: every rank runs Keras' save (the same traversal of the same model, so the ranks meet each weight
+together), with Keras' conversions of a DTensor replaced for the call (:mod:`.rank_zero_gather`). On rank 0, the
+h5 weight store writes each sharded weight into its dataset piece by piece as the other ranks send the pieces (a
+sharded ``.weights.json`` or an npz file receives it assembled whole, one weight at a time). On the others the
+conversion sends this rank's piece and returns a placeholder, and their weight stores write nothing; their copy of
+the small rest (a ``.keras`` archive's configuration and assets) goes to a temporary directory, deleted at once.
 
 Loading (:mod:`.slice_loading`): each rank reads from the h5 file only the slice of each weight its own piece holds.
 
-Both take Keras' path for models too large for memory where it has one: a ``.keras`` archive's weights file is built
-on disk beside the archive when saving, and extracted beside it (a temporary copy per process) when loading, instead
-of being held in memory whole.
+Both take Keras' path for models too large for memory: a ``.keras`` archive's weights file is built on disk beside
+the archive when saving, and extracted beside it (a temporary copy per process) when loading, instead of being held
+in memory whole.
 """
 
 from __future__ import annotations
