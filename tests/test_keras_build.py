@@ -161,3 +161,43 @@ def test_a_large_weight_left_whole_is_named_with_a_rule_that_shards_it():
     # whole by the map's own choice: nothing to say either
     (warned, placements), _ = run_on_ranks(warnings_on_ranks, 2, (None, None), world_size=2, timeout=600)
     assert warned == [] and placements == whole
+
+
+def failing_draw_on_ranks():
+    """Rank 0's draw of a sharded initial value raises: what each rank raises."""
+    import keras
+    import torch.distributed as dist
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.install()
+    real_draw = keras.initializers.GlorotUniform.__call__
+
+    def failing_draw(self, shape, *args, **kwargs):
+        raise ValueError(f"cannot draw {tuple(shape)}")
+
+    try:
+        layout_map = keras.distribution.LayoutMap(_mesh(2))
+        layout_map[".*wide/kernel"] = (None, "model")
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map))
+        if dist.get_rank() == 0:
+            keras.initializers.GlorotUniform.__call__ = failing_draw
+        try:
+            _model()
+            raised = None
+        except Exception as error:  # noqa: BLE001  # what each rank raises is the result
+            raised = (type(error).__name__, str(error))
+    finally:
+        keras.initializers.GlorotUniform.__call__ = real_draw
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+    return raised
+
+
+@pytest.mark.skipif(KERAS_OWN_DISTRIBUTION, reason="Keras 3.16 makes its own layout-aware variables "
+                    "(_initialize_distributed): every rank draws, as Keras does")
+def test_a_draw_that_fails_on_rank_zero_stops_every_rank_with_the_reason():
+    raised_0, raised_1 = run_on_ranks(failing_draw_on_ranks, world_size=2, timeout=300)
+    assert raised_0 == ("ValueError", "cannot draw (8, 16)"), raised_0
+    assert raised_1 is not None and raised_1[0] == "RankZeroStopped", raised_1
+    assert "rank 0 raised while drawing the initial value of net/wide/kernel" in raised_1[1], raised_1

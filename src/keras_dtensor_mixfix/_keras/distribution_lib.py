@@ -209,6 +209,13 @@ def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
         isinstance(p, Shard) and shape[p.dim] >= mesh.size(mesh_dim) for mesh_dim, p in enumerate(placements))
 
 
+def rank_zero_succeeded(succeeded: bool) -> bool:
+    """Every rank learns whether rank 0 succeeded (rank 0 passes whether it did; the others' argument is ignored)."""
+    flag = torch.tensor([1 if succeeded else 0], dtype=torch.int64)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
 def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tuple[int, ...], dtype: torch.dtype,
                                        layout: Any, trainable: bool = True) -> torch.nn.Parameter:
     """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):

@@ -23,7 +23,8 @@ GATHER, ENDED, FAILED = 1, 2, 3
 
 
 class RankZeroStopped(MixfixError, RuntimeError):
-    """Rank 0 ended a collective save before this rank had sent all its pieces."""
+    """Rank 0 raised or ended early in a collective step the other ranks wait on it for (a save it writes, an
+    initial value it draws): they stop with this instead of waiting."""
 
 
 def _signal(code: int) -> int:

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from . import keras_modules
+from .rank_zero_gather import RankZeroStopped
 from .._lifecycle.recorder import PatchRecorder
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -58,8 +59,17 @@ def install(patches: PatchRecorder) -> None:
             lib = keras_modules.lib()
             if getattr(self, "_layout", None) is not None and lib.shards_across_processes(self._shape, self._layout):
                 # a function of (seed, shape, dtype) alone: rank 0 draws it, the others only receive their pieces
-                whole = self._convert_to_tensor(initializer(self._shape, dtype=self._dtype)) if lib.process_id() == 0 \
-                    else None
+                whole, failure = None, None
+                if lib.process_id() == 0:
+                    try:
+                        whole = self._convert_to_tensor(initializer(self._shape, dtype=self._dtype))
+                    except Exception as error:  # noqa: BLE001  # said to the other ranks, then raised here
+                        failure = error
+                if not lib.rank_zero_succeeded(failure is None):
+                    if failure is not None:
+                        raise failure
+                    raise RankZeroStopped(f"keras_dtensor_mixfix: rank 0 raised while drawing the initial value of "
+                                         f"{self.path} (its traceback says why); this rank stopped with it")
                 self._value = lib.distribute_variable_from_rank_zero(
                     whole, self._shape, core.to_torch_dtype(self._dtype), self._layout, trainable=self.trainable)
                 return
