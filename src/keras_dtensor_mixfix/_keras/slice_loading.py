@@ -43,6 +43,9 @@ class StoredWeight(ArrayProxy):
         if self._bfloat16:
             import ml_dtypes
 
+            # stored as 2-byte opaque values, which NumPy cannot cast: the same bytes, seen as bfloat16
+            if values.dtype.kind == "V" and values.dtype.itemsize == 2:
+                return values.view(ml_dtypes.bfloat16)
             return np.array(values, dtype=ml_dtypes.bfloat16)
         return np.asarray(values)
 
