@@ -30,13 +30,18 @@ SHAREABLE_PLACEMENTS = (Shard, Replicate, Partial)
 Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
 
 
+def region(offsets: Sequence[int], shape: Sequence[int]) -> Tuple[slice, ...]:
+    """The slices of the block of ``shape`` that starts at ``offsets``."""
+    return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
+
+
 def local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
     """This rank's slice of a tensor of global ``shape`` laid out with ``placements`` on ``mesh``."""
     key = (shape, mesh, placements)
     found = _SLICES.get(key)
     if found is None:
         local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
-        found = tuple(slice(o, o + s) for o, s in zip(offsets, local_shape))
+        found = region(offsets, local_shape)
         remember(_SLICES, key, found)
     return found
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .._rules.errors import InvalidArgumentError
 from . import keras_modules
+from .rank_zero_gather import from_rank_zero
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
 from .layouts import (DTensorLayout, TorchLayout, dtensor_from_piece, fit_placements, is_symbolic,  # noqa: F401
                       placements_for, relayout)
@@ -78,9 +79,7 @@ def _agree_on_seed() -> None:
     rng_utils = keras_modules.rng_utils()
     if rng_utils.get_random_seed() is not None and dist.get_world_size() == 1:
         return
-    seed = torch.tensor([int(np.random.randint(0, 2**31 - 1))], dtype=torch.int64)
-    dist.broadcast(seed, src=0)
-    rng_utils.set_random_seed(int(seed.item()))
+    rng_utils.set_random_seed(from_rank_zero(int(np.random.randint(0, 2**31 - 1))))
 
 
 def activate_dtensor_promotion() -> None:
@@ -211,15 +210,14 @@ def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
 
 def rank_zero_succeeded(succeeded: bool) -> bool:
     """Every rank learns whether rank 0 succeeded (rank 0 passes whether it did; the others' argument is ignored)."""
-    flag = torch.tensor([1 if succeeded else 0], dtype=torch.int64)
-    dist.broadcast(flag, src=0)
-    return bool(flag.item())
+    return bool(from_rank_zero(int(succeeded)))
 
 
 def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tuple[int, ...], dtype: torch.dtype,
                                        layout: Any, trainable: bool = True) -> torch.nn.Parameter:
     """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):
     rank 0 sends each rank its piece, and no other rank ever holds the whole."""
+    from .._engine.construct import region
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh, placements = _resolve(layout)
@@ -235,9 +233,8 @@ def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tup
         for other, other_header in enumerate(headers or ()):
             other_shape, other_offset = other_header[:len(shape)].tolist(), other_header[len(shape):].tolist()
             if other and 0 not in other_shape:
-                dist.send(whole[tuple(slice(o, o + s) for o, s in zip(other_offset, other_shape))].contiguous(),
-                          dst=other)
-        local = whole[tuple(slice(o, o + s) for o, s in zip(offset, local_shape))].clone()
+                dist.send(whole[region(other_offset, other_shape)].contiguous(), dst=other)
+        local = whole[region(offset, local_shape)].clone()
     else:
         local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
         if local.numel():

@@ -27,11 +27,12 @@ class RankZeroStopped(MixfixError, RuntimeError):
     initial value it draws): they stop with this instead of waiting."""
 
 
-def _signal(code: int) -> int:
+def from_rank_zero(value: int) -> int:
+    """Rank 0's ``value`` on every rank (a broadcast; the other ranks' ``value`` is ignored)."""
     import torch
     import torch.distributed as dist
 
-    word = torch.tensor([code], dtype=torch.int64)
+    word = torch.tensor([value], dtype=torch.int64)
     dist.broadcast(word, src=0)
     return int(word.item())
 
@@ -42,12 +43,12 @@ def announce_end(failed: bool) -> None:
     if not failed:
         flush()
     _outstanding = None
-    _signal(FAILED if failed else ENDED)
+    from_rank_zero(FAILED if failed else ENDED)
 
 
 def await_end() -> None:
     """A rank other than 0, once its own save is over: wait for rank 0's."""
-    code = _signal(0)
+    code = from_rank_zero(0)
     if code != ENDED:
         raise _stopped(code)
 
@@ -77,7 +78,7 @@ def gather_whole(value: Any) -> Any:
     if not isinstance(value, DTensor):
         return value
     flush()
-    _signal(GATHER)
+    from_rank_zero(GATHER)
     return _as_numpy(_assemble(value))
 
 
@@ -131,7 +132,7 @@ class PendingWhole(ArrayProxy):
         if self._whole is None:
             if _outstanding is self:
                 _outstanding = None
-            _signal(GATHER)
+            from_rank_zero(GATHER)
             self._whole = _as_numpy(_assemble(self._value))
         return self._whole
 
@@ -142,7 +143,7 @@ class PendingWhole(ArrayProxy):
             write(tuple(slice(0, n) for n in self.shape), self.whole_array())
             return
         _outstanding = None
-        _signal(GATHER)
+        from_rank_zero(GATHER)
         _pieces(self._value, lambda index, piece: write(index, piece.numpy()))
 
 
@@ -153,13 +154,11 @@ def pending_whole(value: Any) -> Any:
     """Rank 0: a DTensor (or a Variable holding one) as a :class:`PendingWhole`, or as :func:`gather_whole` gives it
     where NumPy has no dtype for it; anything else unchanged."""
     global _outstanding
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 
     value = as_stored(value)
     if not isinstance(value, DTensor):
         return value
-    from torch.distributed.tensor import Shard
-
     if numpy_dtype(value) is None or not any(isinstance(p, Shard) for p in value.placements):
         return gather_whole(value)  # no NumPy dtype to stream with, or nothing to gather: rank 0 holds it whole
     flush()
@@ -180,7 +179,7 @@ def send_piece(value: Any) -> None:
     value = as_stored(value)
     if not isinstance(value, DTensor):
         return
-    code = _signal(0)
+    code = from_rank_zero(0)
     if code != GATHER:
         raise _stopped(code)
     _pieces(value, None)
@@ -217,7 +216,8 @@ def _pieces(value: Any, write: Optional[Callable[[Tuple[slice, ...], Any], None]
     import torch.distributed as dist
     from torch.distributed.tensor import Replicate, Shard
 
-    from .._torch.api import compute_local_shape_and_global_offset  # imports torch: not at the module's import
+    from .._engine.construct import region  # imports torch: not at the module's import
+    from .._torch.api import compute_local_shape_and_global_offset
 
     value = value.detach()
     if not all(isinstance(p, (Shard, Replicate)) for p in value.placements):  # Partial: reduce it first
@@ -250,7 +250,7 @@ def _pieces(value: Any, write: Optional[Callable[[Tuple[slice, ...], Any], None]
             piece = torch.empty(shape, dtype=local.dtype, device=local.device)
             dist.recv(piece, src=sender)
         if 0 not in shape:
-            write(tuple(slice(o, o + s) for o, s in zip(offset, shape)), piece)
+            write(region(offset, shape), piece)
 
 
 def _senders(mesh: Any, placements: Tuple[Any, ...]) -> List[int]:

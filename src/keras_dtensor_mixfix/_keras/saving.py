@@ -21,11 +21,12 @@ import functools
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Iterator
 
 from . import keras_modules, rank_zero_gather, slice_loading
 from .._lifecycle.recorder import PatchRecorder
 from .memory import return_freed_memory
+from .patches import rebind_everywhere, replaced_for_the_call
 
 WEIGHT_STORES = ("H5IOStore", "ShardedH5IOStore", "NpzIOStore")
 """The weight store classes of ``saving_lib`` (3.16 has no ``NpzIOStore``)."""
@@ -113,8 +114,6 @@ def _converting_dtensors(convert: Callable[[Any], Any], convert_for_numpy: Calla
     """Keras' ``convert_to_numpy`` hands DTensors to ``convert`` for one save, and a Variable's ``numpy()`` to
     ``convert_for_numpy`` (in every module that holds the function by name: layers store Variables, which convert
     through it; optimizers store ``variable.numpy()``)."""
-    import sys
-
     import numpy as np
     from torch.distributed.tensor import DTensor
 
@@ -141,17 +140,10 @@ def _converting_dtensors(convert: Callable[[Any], Any], convert_for_numpy: Calla
         # Keras' np.array(self) would copy the array convert() returns (optimizers store variable.numpy())
         return convert_for_numpy(stored) if isinstance(stored, DTensor) else current_numpy(self)
 
-    holders = [module for name, module in list(sys.modules.items())
-               if (name == "keras" or name.startswith("keras.")) and getattr(module, "convert_to_numpy", None) is current]
-    for module in holders:
-        setattr(module, "convert_to_numpy", convert_to_numpy)
-    variable_class.numpy = numpy
-    try:
+    with replaced_for_the_call() as patches:
+        rebind_everywhere(patches, current, convert_to_numpy)
+        patches.set(variable_class, "numpy", numpy)
         yield
-    finally:
-        variable_class.numpy = current_numpy
-        for module in holders:
-            setattr(module, "convert_to_numpy", current)
 
 
 @contextlib.contextmanager
@@ -159,13 +151,9 @@ def _weights_file_on_disk() -> Iterator[None]:
     """Keras builds a ``.keras`` archive's weights file on disk and streams it into the archive (its path for models
     it judges too large for memory), rather than in memory: under a distribution the model is sharded because
     memory is short. The file is the same."""
-    saving_lib = keras_modules.saving_lib()
-    current = saving_lib.is_memory_sufficient
-    saving_lib.is_memory_sufficient = lambda model: False
-    try:
+    with replaced_for_the_call() as patches:
+        patches.set(keras_modules.saving_lib(), "is_memory_sufficient", lambda model: False)
         yield
-    finally:
-        saving_lib.is_memory_sufficient = current
 
 
 @contextlib.contextmanager
@@ -173,15 +161,11 @@ def _weight_stores(replacement: Callable[[str, type], type]) -> Iterator[None]:
     """Keras' weight store classes replaced in ``saving_lib`` for one save (Keras looks them up there):
     ``replacement(name, store_class)`` gives each one's replacement."""
     saving_lib = keras_modules.saving_lib()
-    originals: Dict[str, type] = {name: getattr(saving_lib, name) for name in WEIGHT_STORES
-                                  if hasattr(saving_lib, name)}
-    for name, store_class in originals.items():
-        setattr(saving_lib, name, replacement(name, store_class))
-    try:
+    with replaced_for_the_call() as patches:
+        for name in WEIGHT_STORES:
+            if hasattr(saving_lib, name):
+                patches.set(saving_lib, name, replacement(name, getattr(saving_lib, name)))
         yield
-    finally:
-        for name, store_class in originals.items():
-            setattr(saving_lib, name, store_class)
 
 
 def _streaming_store(name: str, store_class: type) -> type:

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import keras_modules
 from .array_proxy import ArrayProxy
+from .patches import replaced_for_the_call
 
 
 class StoredWeight(ArrayProxy):
@@ -35,7 +36,11 @@ class StoredWeight(ArrayProxy):
 
     @property
     def dtype(self) -> Any:
-        return self.read_slice(()).dtype if self._bfloat16 else self._dataset.dtype
+        if self._bfloat16:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return self._dataset.dtype
 
     def read_slice(self, index: Tuple[slice, ...]) -> np.ndarray:
         """The values in ``index`` (a tuple of slices; ``()`` reads everything), as Keras would convert them."""
@@ -58,14 +63,10 @@ def reading_slices() -> Iterator[None]:
     """Within: h5 weights reach sharded variables by slices (see the module's docstring)."""
     saving_lib = keras_modules.saving_lib()
     variable_class = keras_modules.base_variable_class()
-    original_store, original_assign = saving_lib.H5IOStore, variable_class.assign
-    saving_lib.H5IOStore = _slicing_store(original_store)
-    variable_class.assign = _assigning_slices(original_assign)
-    try:
+    with replaced_for_the_call() as patches:
+        patches.set(saving_lib, "H5IOStore", _slicing_store(saving_lib.H5IOStore))
+        patches.set(variable_class, "assign", _assigning_slices(variable_class.assign))
         yield
-    finally:
-        saving_lib.H5IOStore = original_store
-        variable_class.assign = original_assign
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,13 +109,12 @@ def _fill_local_piece(variable: Any, stored: StoredWeight) -> bool:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from .._torch.api import compute_local_shape_and_global_offset  # imports torch: not at the module's import
+    from .._engine.construct import local_slice  # imports torch: not at the module's import
 
     storage = keras_modules.variable_storage(variable)
     if not isinstance(storage, DTensor) or stored.shape != tuple(storage.shape):
         return False  # a plain variable, or a shape Keras' own assign reports
-    shape, offset = compute_local_shape_and_global_offset(storage.shape, storage.device_mesh, storage.placements)
-    piece = stored.read_slice(tuple(slice(o, o + s) for o, s in zip(offset, shape)))
+    piece = stored.read_slice(local_slice(stored.shape, storage.device_mesh, tuple(storage.placements)))
     with torch.no_grad():
         local = storage.to_local()
         local.copy_(keras_modules.core().convert_to_tensor(piece, dtype=variable.dtype).reshape(local.shape))
