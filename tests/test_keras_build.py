@@ -152,7 +152,7 @@ def test_a_large_weight_left_whole_is_named_with_a_rule_that_shards_it():
     (warned, placements), _ = run_on_ranks(warnings_on_ranks, 2, None, world_size=2, timeout=600)
     # the (8, 16) kernel is over the (lowered) threshold; the (16, 4) head and (16,) vectors are not
     assert len(warned) == 1 and "net/wide/kernel 8x16" in warned[0], warned
-    assert "layout_map['net/wide/kernel'] = (None, 'model') would shard it" in warned[0], warned[0]
+    assert "layout_map['net/wide/kernel'] = (None, 'model') would shard both" in warned[0], warned[0]
     whole = "plain" if KERAS_OWN_DISTRIBUTION else "(Replicate(), Replicate())"  # 3.16 keeps a whole one plain
     assert placements == whole
     # the advice, followed: sharded, and nothing to say

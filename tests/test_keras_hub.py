@@ -62,6 +62,14 @@ def _layouts():
 
 LAYOUTS = _layouts()
 CASES = [(name, mode, shape) for name in sorted(MODELS) for mode, shape in LAYOUTS]
+# Llama3 under keras_hub's map with the tensor-parallel rules docs/keras.md gives for speed ("Speed"): the
+# query/key/value kernels split by heads and the untied output projection by vocabulary (vocabulary-split logits:
+# the loss over each rank's classes)
+TENSOR_PARALLEL_RULES = {
+    "transformer_layer.*self_attention.*(query|key|value).kernel": ("batch", "model", None),
+    "token_embedding/reverse_embeddings": ("batch", "model"),
+}
+CASES += [("llama3", "model_parallel_tp", (1, 2)), ("llama3", "model_parallel_tp", (2, 2))]
 # Gemma on a (1, 4) mesh too: it failed on Keras 3.16 in DTensor's backward ("shape '[4, 8, 8, 4, 1]' is invalid
 # for input of size 256") before attention ran on local pieces there
 CASES.append(("gemma", "model_parallel", (1, 4)))
@@ -160,6 +168,11 @@ def _distribution(name, mode, mesh_shape):
     else:
         mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
         layout_map = getattr(keras_hub.models, MODELS[name][0]).get_layout_map(mesh)
+        if mode == "model_parallel_tp":
+            for key, axes in TENSOR_PARALLEL_RULES.items():
+                if key in list(layout_map):  # the keys as written (`in` matches paths by regex)
+                    del layout_map[key]
+                layout_map[key] = axes
         distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
     if _keras_has_own_torch_distribution():
         # Keras 3.16 takes each process's batch as its own shard (``_own_rows``) and refuses NumPy input on
@@ -182,7 +195,7 @@ def _own_rows(mode, mesh_shape):
 
     if not _keras_has_own_torch_distribution():
         return slice(None)
-    shards, ranks_per_shard = (mesh_shape[0], mesh_shape[1]) if mode == "model_parallel" else (mesh_shape[0], 1)
+    shards, ranks_per_shard = (mesh_shape[0], mesh_shape[1]) if mode.startswith("model_parallel") else (mesh_shape[0], 1)
     per_process = len(_batch()[0]) // shards
     coordinate = dist.get_rank() // ranks_per_shard
     return slice(coordinate * per_process, (coordinate + 1) * per_process)
@@ -256,14 +269,18 @@ def test_causal_lm_equals_single_process(name, mode, shape):
         assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
     out = per_rank[0]
     placements = out["placements"]
-    if mode == "model_parallel":
+    if mode.startswith("model_parallel"):
         # sharded along the "model" mesh axis (the last one)
         sharded = sorted(path for path, p in placements.items() if p and p[-1].startswith("S("))
         assert any("embeddings" in path for path in sharded), sharded  # vocabulary-sharded table
         # attention and feed-forward kernels of every block
         for part in ("query", "key", "value", "attention_output"):
             assert sum(part == path.split("/")[-2] for path in sharded) == MODELS[name][2]["num_layers"], (part, sharded)
-        assert len(sharded) == 1 + MODELS[name][2]["num_layers"] * SHARDED_PER_BLOCK[name], sharded
+        untied_output = mode == "model_parallel_tp"  # the output projection too
+        assert len(sharded) == 1 + untied_output + MODELS[name][2]["num_layers"] * SHARDED_PER_BLOCK[name], sharded
+        if mode == "model_parallel_tp":  # split by heads (dim 1 of (hidden, heads, head_dim))
+            assert all(placements[path][-1] == "S(1)" for path in sharded if path.split("/")[-2] in ("query", "key",
+                                                                                                  "value")), sharded
         # and, where the "batch" axis splits, over it too as the map says; the package replicates a size-1 axis
         # (Keras 3.16's own distribution keeps what the map says there)
         on_batch_axis = [path for path, p in placements.items() if p and p[0].startswith("S(")]
