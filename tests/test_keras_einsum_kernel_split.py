@@ -59,3 +59,63 @@ def test_hidden_split_query_kernel_is_split_by_heads_and_equals_single_process(c
         torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(result["kernel_grad"], reference_kernel.grad, rtol=1e-5, atol=1e-6)
         assert result["kernel_grad_placements"] == "(Shard(dim=1), Shard(dim=0))"  # the kernel's own layout
+
+
+def projection_under_layout_map(query_axes):
+    """Keras' EinsumDense (``btd,dnh->btnh``) under ModelParallel with ``query_axes`` for its kernel on a (1, 2)
+    mesh: the warnings logged over two steps, the kernel's placements, and the trained kernel."""
+    import logging
+
+    import keras
+    import numpy as np
+
+    from keras_dtensor_mixfix import keras_integration
+
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(level=logging.WARNING)
+    logging.getLogger("keras_dtensor_mixfix").addHandler(handler)
+    assert keras_integration.install()
+    try:
+        devices = keras.distribution.list_devices()
+        layout_map = keras.distribution.LayoutMap(keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices))
+        layout_map["net/query/kernel"] = query_axes
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
+                                                                             batch_dim_name="batch"))
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6, 8)),
+                                  keras.layers.EinsumDense("btd,dnh->btnh", output_shape=(None, 4, 3), name="query"),
+                                  keras.layers.Reshape((6, 12))], name="net")
+        model.compile(optimizer="sgd", loss="mse")
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(4, 6, 8)).astype("float32"), rng.normal(size=(4, 6, 12)).astype("float32")
+        for _ in range(2):
+            model.train_on_batch(x, y)
+        placements = str(tuple(model.layers[0].kernel.value.placements))
+        return dict(messages=messages, placements=placements, kernel=model.layers[0].kernel.numpy())
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+        logging.getLogger("keras_dtensor_mixfix").removeHandler(handler)
+
+
+def test_a_kernel_split_along_its_input_is_named_once_with_the_rule_that_avoids_the_resplit():
+    keras_hub_like = run_on_ranks(projection_under_layout_map, ("model", "batch", None), world_size=2, timeout=300)
+    for result in keras_hub_like:
+        advice = [m for m in result["messages"] if "splits it again along its output" in m]
+        assert len(advice) == 1, result["messages"]  # once, not once per step
+        assert "net/query/kernel 8x4x3 as ('model', 'batch', None)" in advice[0], advice[0]
+        assert "layout_map['net/query/kernel'] = ('batch', 'model', None)" in advice[0], advice[0]
+    # the advice followed: split by heads from the start, nothing to re-split or advise, the same training
+    followed = run_on_ranks(projection_under_layout_map, ("batch", "model", None), world_size=2, timeout=300)
+    for before, after in zip(keras_hub_like, followed):
+        assert not [m for m in after["messages"] if "splits it again" in m], after["messages"]
+        # the heads over "model" (Keras 3.16's own variables keep the size-1 "batch" axis on the hidden dim)
+        assert after["placements"] in ("(Replicate(), Shard(dim=1))", "(Shard(dim=0), Shard(dim=1))"), after["placements"]
+        import numpy as np
+
+        np.testing.assert_allclose(after["kernel"], before["kernel"], rtol=1e-5, atol=1e-6)

@@ -21,6 +21,11 @@ The same runs while ``torch.compile`` traces (Keras' ``jit_compile``): skipped t
 took another path than eager (attention on every head, then an output projection DTensor failed to
 propagate under fake tensors: keras_hub Qwen and Llama3).
 
+The layout map chose the input split, and the re-split costs each step a gather of the kernel: a warning, once per
+layout map rule, names the rule that splits the kernel along that output from the start (the same axes, the
+moved one swapped between the two dims; docs/keras.md, "Speed"). Eager only: a log call would break a compiled
+graph.
+
 Applied only on a mesh dim where exactly one operand is split, along a label the output lacks, and
 every other operand is whole; anything else is passed on unchanged to the einsum below
 (``local_einsum``, then Keras'). Values are the same (the contraction is merely done elsewhere).
@@ -29,7 +34,9 @@ every other operand is whole; anything else is passed on unchanged to the einsum
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+import logging
+import re
+from typing import Any, Optional, Sequence, Set, Tuple
 
 from . import keras_modules
 from .local_einsum import label_sizes, parse
@@ -98,10 +105,71 @@ def resplit_kernel(subscripts: Any, operands: Sequence[Any]) -> Sequence[Any]:
             # a size-1 mesh dim "splitting" the target dim too would make it split twice: whole there (no data moves)
             wanted = [Replicate() if mesh.size(mesh_dim) == 1 and isinstance(p, Shard) and p.dim == target else p
                       for mesh_dim, p in enumerate(wanted)]
+            if not torch.compiler.is_compiling():  # a log call would break the compiled graph
+                advise_layout_once(operands[index], kernel, wanted)
             resplit = list(tensors)
             resplit[index] = kernel.redistribute(mesh, wanted)  # differentiable: the gradient goes back
             return resplit
     return operands
+
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+_advised: Set[str] = set()
+"""The layout map keys (or variable paths) whose re-split was advised against, once each per process."""
+
+
+def advise_layout_once(variable: Any, kernel: Any, wanted: Sequence[Any]) -> None:
+    """A warning, once per layout map rule, that the rule makes every step re-split this kernel, with the rule
+    that would not: the same axes with the one that moves swapped between the two dims."""
+    path = getattr(variable, "path", None)
+    if not isinstance(path, str):
+        return  # a bare parameter: no layout map rule to name
+    key, axes = _rule_of(path)
+    if axes is None or (key or path) in _advised:
+        return
+    better = _swapped(axes, kernel, wanted)
+    if better is None:
+        return
+    _advised.add(key or path)
+    rule_key = key if key is not None else re.escape(path)
+    log.warning(
+        "keras_dtensor_mixfix: the layout map splits %s %s as %r, along a dim its einsum contracts, so every step "
+        "gathers it and splits it again along its output (and its gradient back); layout_map[%r] = %r splits it "
+        "that way from the start (see docs/keras.md, \"Speed\")",
+        path, "x".join(str(int(d)) for d in kernel.shape), tuple(axes), rule_key, better)
+
+
+def _rule_of(path: str) -> Tuple[Optional[str], Optional[Tuple[Any, ...]]]:
+    """The layout map key matching ``path`` as Keras matches it (exactly, else the one full regex match), and its
+    axes; ``(None, None)`` without a layout map or a rule."""
+    layout_map = keras_modules.layout_map_of(keras_modules.distribution())
+    if layout_map is None:
+        return None, None
+    keys = list(layout_map)
+    matching = [path] if path in keys else [key for key in keys if re.fullmatch(key, path)]
+    if len(matching) != 1:
+        return None, None
+    layout = layout_map[matching[0]]
+    axes = getattr(layout, "axes", None)
+    return matching[0], (tuple(axes) if axes is not None else None)
+
+
+def _swapped(axes: Tuple[Any, ...], kernel: Any, wanted: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
+    """``axes`` with each mesh axis that the re-split moves put on its new dim, and what that dim had on the old."""
+    from torch.distributed.tensor import Shard
+
+    names = kernel.device_mesh.mesh_dim_names
+    if names is None or len(axes) != kernel.ndim:
+        return None
+    better = list(axes)
+    for mesh_dim, (before, after) in enumerate(zip(kernel.placements, wanted)):
+        if isinstance(before, Shard) and isinstance(after, Shard) and before.dim != after.dim:
+            name = names[mesh_dim]
+            if better[before.dim] != name:
+                return None  # the placements do not come from this rule
+            better[before.dim], better[after.dim] = better[after.dim], better[before.dim]
+    return tuple(better) if better != list(axes) else None
 
 
 def _output_numel(inputs: Sequence[str], output: str, shapes: Sequence[Any]) -> Any:
