@@ -551,3 +551,49 @@ def test_cast_of_a_numpy_value_compiles_into_one_graph():
     finally:
         keras_integration.uninstall()
     torch.testing.assert_close(compiled, normalized(q), rtol=0, atol=0)
+
+
+def rms_normalization_of_split_rows(x, scale, mesh_shape, x_placements):
+    """``keras.ops.rms_normalization`` of a DTensor split along the normalized (last) axis, on this rank: the
+    global value, the gradients of ``x`` and ``scale``, and the placements of the result."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh(mesh_shape, ("batch", "model"))
+        x_leaf = distribute_tensor(x, device_mesh, list(x_placements)).requires_grad_()
+        scale_leaf = distribute_tensor(scale, device_mesh, [Replicate(), Replicate()]).requires_grad_()
+        out = keras.ops.rms_normalization(x_leaf, scale_leaf, axis=-1, epsilon=1e-6)
+        (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+        return dict(out=out.detach().full_tensor(), x_grad=x_leaf.grad.full_tensor(),
+                    scale_grad=scale_leaf.grad.full_tensor())
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape, x_placements", [
+    ((1, 2), ("R", 2)),   # the hidden dim over "model"
+    ((2, 2), (2, "R")),   # over "batch": keras_hub's 2-D maps leave the embedding's output so (SmolLM3's build call)
+    ((2, 2), (0, 2)),     # the rows over "batch", the hidden dim over "model"
+], ids=["1x2-hidden-over-model", "2x2-hidden-over-batch", "2x2-rows-and-hidden"])
+def test_rms_normalization_of_rows_split_along_the_normalized_axis_equals_single_process(mesh_shape, x_placements):
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.manual_seed(0)
+    x, scale = torch.randn(4, 6, 8), torch.rand(8) + 0.5
+    reference_x, reference_scale = x.clone().requires_grad_(), scale.clone().requires_grad_()
+    out = torch.nn.functional.rms_norm(reference_x, (8,), reference_scale, 1e-6)
+    (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+    placements = tuple(Replicate() if p == "R" else Shard(p) for p in x_placements)
+    world_size = mesh_shape[0] * mesh_shape[1]
+    for result in run_on_ranks(rms_normalization_of_split_rows, x, scale, mesh_shape, placements,
+                               world_size=world_size, timeout=300):
+        torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result["scale_grad"], reference_scale.grad, rtol=1e-5, atol=1e-6)

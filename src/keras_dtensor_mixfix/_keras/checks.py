@@ -156,7 +156,10 @@ def check_backend_ops() -> str:
              "the torch backend's numpy")
     _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy"),
              "the torch backend's nn")
-    return "core, numpy and nn functions rebound by name where Keras imported them"
+    _require(keras_modules.ops_nn(), ("_rms_normalization",), "Keras' ops.nn")
+    _takes(keras_modules.ops_nn()._rms_normalization, "x", "scale", "axis", "epsilon")
+    return ("core, numpy and nn functions rebound by name where Keras imported them; ops.nn._rms_normalization "
+            "(x, scale, axis, epsilon)")
 
 
 def check_traceback_filter() -> str:

@@ -132,6 +132,13 @@ def backend_nn() -> Any:
     return _first_module(NN_MODULES)
 
 
+def ops_nn() -> Any:
+    """Keras' ``keras.src.ops.nn`` (the ops, above the backends: ``_rms_normalization`` lives there)."""
+    from keras.src.ops import nn
+
+    return nn
+
+
 def trainer_module() -> Any:
     from keras.src.backend.torch import trainer
 
