@@ -61,7 +61,7 @@ def test_two_nodes_equal_single_process(tmp_path):
     np.testing.assert_allclose(out["predicted"], reference["predicted"][out["rows"]], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(out["generated"], reference["generated"])
     # the vocabulary over "model" (inside a node), the hidden dim over "batch" (across nodes)
-    assert out["placements"]["token_embedding/embeddings"] == ("S(1)", "S(0)"), out["placements"]
+    assert dict(out["placements"])["token_embedding/embeddings"] == ("S(1)", "S(0)"), out["placements"]
 
 
 def _node_main(directory: str) -> None:
