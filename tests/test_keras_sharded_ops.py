@@ -496,6 +496,8 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.cast(1 / np.sqrt(8), "float32")),  # NumPy scalar (compile.py's cast)
                 ops.convert_to_numpy(ops.cast(table, "float16")),
                 ops.convert_to_numpy(ops.one_hot(ids, VOCAB)), ops.convert_to_numpy(ops.one_hot(ids % 7, 7, axis=0)),
+                ops.convert_to_numpy(ops.depthwise_conv(q.reshape(2, LENGTH, -1), table[:3, :, None], padding="same")),
+                ops.convert_to_numpy(ops.conv(q.reshape(2, LENGTH, -1), table[:3, :, None], padding="valid")),
                 ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
 
     from keras.src.layers.layer import Layer
@@ -597,3 +599,104 @@ def test_rms_normalization_of_rows_split_along_the_normalized_axis_equals_single
         torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(result["scale_grad"], reference_scale.grad, rtol=1e-5, atol=1e-6)
+
+
+def convolution_of_split_channels(x, kernel, mesh_shape, x_placements, kernel_placements):
+    """Keras ``ops.depthwise_conv`` and ``ops.conv`` (channels last) of a DTensor split along its channels or positions,
+    on this rank: the global values and the gradients of ``x`` and the kernels."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh(mesh_shape, ("batch", "model"))
+        x_leaf = distribute_tensor(x, device_mesh, list(x_placements)).requires_grad_()
+        depthwise = distribute_tensor(kernel, device_mesh, list(kernel_placements)).requires_grad_()
+        dense = distribute_tensor(kernel.reshape(4, 8, 1).repeat(1, 1, 3) / 3, device_mesh,
+                                  list(kernel_placements)).requires_grad_()
+        out = keras.ops.depthwise_conv(x_leaf, depthwise, padding="same")
+        out2 = keras.ops.conv(x_leaf, dense, padding="valid")
+        ((out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum() + out2.square().sum()).backward()
+        return dict(out=out.detach().full_tensor(), out2=out2.detach().full_tensor(), x_grad=x_leaf.grad.full_tensor(),
+                    kernel_grad=depthwise.grad.full_tensor(), dense_grad=dense.grad.full_tensor())
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape, x_placements, kernel_placements", [
+    ((1, 2), ("R", 2), ("R", "R")),   # channels over "model" (a feature-split projection's output: Qwen3.5)
+    ((1, 2), ("R", 1), ("R", 1)),     # positions over "model", the kernel split too
+    ((2, 2), (0, 2), ("R", "R")),     # rows over "batch", channels over "model"
+], ids=["1x2-channels", "1x2-positions-and-kernel", "2x2-rows-and-channels"])
+def test_convolution_of_an_input_split_along_channels_or_positions_equals_single_process(mesh_shape, x_placements,
+                                                                                         kernel_placements):
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.manual_seed(0)
+    x, kernel = torch.randn(4, 10, 8), torch.randn(4, 8, 1)  # (batch, length, channels); (width, channels, 1)
+    reference_x, reference_kernel = x.clone().requires_grad_(), kernel.clone().requires_grad_()
+    reference_dense = (kernel.reshape(4, 8, 1).repeat(1, 1, 3) / 3).requires_grad_()
+    out = keras.ops.depthwise_conv(reference_x, reference_kernel, padding="same")
+    out2 = keras.ops.conv(reference_x, reference_dense, padding="valid")
+    ((out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum() + out2.square().sum()).backward()
+
+    def placements(spec):
+        return tuple(Replicate() if p == "R" else Shard(p) for p in spec)
+
+    world_size = mesh_shape[0] * mesh_shape[1]
+    for result in run_on_ranks(convolution_of_split_channels, x, kernel, mesh_shape, placements(x_placements),
+                               placements(kernel_placements), world_size=world_size, timeout=300):
+        torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result["out2"], out2.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result["kernel_grad"], reference_kernel.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result["dense_grad"], reference_dense.grad, rtol=1e-5, atol=1e-5)
+
+
+def attention_output_reshaped(query, key, value, mesh_shape):
+    """Keras ``dot_product_attention`` of head-split operands, its output reshaped to (batch, length, heads x depth)
+    as keras_hub's attention layers do: the global value and the gradient of ``query``."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        device_mesh = mesh(mesh_shape, ("batch", "model"))
+        placements = [Shard(0) if mesh_shape[0] > 1 else Replicate(), Shard(2)]  # rows, heads
+        q, k, v = (distribute_tensor(t, device_mesh, placements).requires_grad_() for t in (query, key, value))
+        out = keras.ops.dot_product_attention(q, k, v, is_causal=True)
+        flat = keras.ops.reshape(out, (out.shape[0], out.shape[1], -1))
+        (flat * torch.linspace(0.5, 1.5, flat.numel()).reshape(flat.shape)).sum().backward()
+        return dict(out=flat.detach().full_tensor(), q_grad=q.grad.full_tensor())
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
+def test_attention_output_of_head_split_operands_reshapes_like_single_process(mesh_shape):
+    """The attention's output piece is torch's transposed view; reshaping the DTensor made of it failed (``view``
+    on a non-contiguous piece: keras_hub's GPT-NeoX)."""
+    import keras
+    import torch
+
+    torch.manual_seed(0)
+    # 4 heads: two on each rank (with one, any stride views)
+    query, key, value = (torch.randn(2, LENGTH, 4, DEPTH) for _ in range(3))
+    reference_q = query.clone().requires_grad_()
+    out = keras.ops.dot_product_attention(reference_q, key, value, is_causal=True)
+    flat = keras.ops.reshape(out, (out.shape[0], out.shape[1], -1))
+    (flat * torch.linspace(0.5, 1.5, flat.numel()).reshape(flat.shape)).sum().backward()
+    for result in run_on_ranks(attention_output_reshaped, query, key, value, mesh_shape,
+                               world_size=mesh_shape[0] * mesh_shape[1], timeout=300):
+        torch.testing.assert_close(result["out"], flat.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result["q_grad"], reference_q.grad, rtol=1e-5, atol=1e-6)

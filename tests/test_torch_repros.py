@@ -21,6 +21,7 @@ import torch_argmax_2d  # noqa: E402
 import torch_boolean_mask_index  # noqa: E402
 import torch_clip_grad_norm_two_meshes  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
+import torch_conv_channel_split  # noqa: E402
 import torch_cosine_embedding_loss_split_features  # noqa: E402
 import torch_dcp_load_reads_whole_saved_tensor  # noqa: E402
 import torch_dtensor_argmax_compiled  # noqa: E402
@@ -175,3 +176,11 @@ def test_boolean_mask_index_of_a_replicated_dtensor():
                           "full on every rank that loads a piece of it (docs/keras.md, Saving, loading and memory)")
 def test_dcp_load_of_a_tensor_saved_whole_reads_it_whole_on_every_rank():
     _run_repro(torch_dcp_load_reads_whole_saved_tensor.repro, "AssertionError", "bytes to load its", world_size=2)
+
+
+# seen on 2.13.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: DTensor's convolution of an input split along its channels runs "
+                          "the kernel on the piece with the whole weight; worked around in the Keras conv")
+def test_convolution_of_an_input_split_along_its_channels():
+    _run_repro(torch_conv_channel_split.repro, "RuntimeError", "to have 8 channels", world_size=2)

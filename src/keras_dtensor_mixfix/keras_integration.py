@@ -39,9 +39,9 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (backend_lib, compile, data, ddp, einsum_kernel_split, keras_gate, keras_modules, local_einsum,
-                     normalization, promotion_mode, reductions, repeat, saving, sharded_ops, tracebacks, values, variables,
-                     vocab_parallel_loss, whole_weights)
+from ._keras import (backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate, keras_modules,
+                     local_einsum, normalization, promotion_mode, reductions, repeat, saving, sharded_ops, tracebacks,
+                     values, variables, vocab_parallel_loss, whole_weights)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
@@ -126,6 +126,8 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
                 added.append("ops: repeat of a DTensor by a whole number expands it (as Keras 3.15 does)")
             normalization.install(patches)
             added.append("ops: rms_normalization of a DTensor split along the normalized axis runs on whole rows")
+            convolution.install(patches)
+            added.append("ops: a convolution of a DTensor split along channels or positions runs on whole ones")
             vocab_parallel_loss.install(patches)
             added.append("loss: sparse categorical cross-entropy over class-split logits never gathers them")
             tracebacks.install(patches)

@@ -154,12 +154,15 @@ def check_backend_ops() -> str:
              "the torch backend's core")
     _require(keras_modules.backend_numpy(), ("take", "einsum", "repeat", "min", "max", "all", "any") + ARG_REDUCTIONS,
              "the torch backend's numpy")
-    _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy"),
+    _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy",
+                                          "conv", "conv_transpose"),
              "the torch backend's nn")
     _require(keras_modules.ops_nn(), ("_rms_normalization",), "Keras' ops.nn")
     _takes(keras_modules.ops_nn()._rms_normalization, "x", "scale", "axis", "epsilon")
+    for convolution in (keras_modules.backend_nn().conv, keras_modules.backend_nn().conv_transpose):
+        _takes(convolution, "inputs", "kernel")
     return ("core, numpy and nn functions rebound by name where Keras imported them; ops.nn._rms_normalization "
-            "(x, scale, axis, epsilon)")
+            "(x, scale, axis, epsilon); nn.conv and conv_transpose (inputs, kernel, ...)")
 
 
 def check_traceback_filter() -> str:

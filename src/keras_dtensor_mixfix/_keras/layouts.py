@@ -116,11 +116,16 @@ def dtensor_from_piece(local: torch.Tensor, mesh: Any, placements: Sequence[Any]
     """``local``, this rank's piece of a contiguous tensor of global ``shape``, as a DTensor with ``placements``.
 
     DTensor's differentiable ``from_local``, told the global shape and stride (no check, no communication),
-    so uneven pieces and partial sums need no collective to find them.
+    so uneven pieces and partial sums need no collective to find them. A piece laid out otherwise (torch's
+    attention returns a transposed view) is made contiguous first: the declared stride says contiguous, and DTensor
+    lowers a reshape it believes a view to ``view`` on the piece, which refuses a non-contiguous one (keras_hub's
+    GPT-NeoX failed so reshaping its attention output).
     """
     from torch.distributed.tensor import DTensor
 
     from .._engine.construct import contiguous_stride
 
     shape = torch.Size(shape)
+    if not local.is_contiguous():
+        local = local.contiguous()
     return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=contiguous_stride(shape))

@@ -1,0 +1,38 @@
+"""Convolutions of DTensors split along anything but the batch: run on whole channels and positions.
+
+DTensor computes ``aten.convolution`` for an input split along its batch, or whole; for an input split along its
+channels or positions it runs torch's kernel on this rank's piece with the whole weight (torch 2.12-2.15), which
+raises ("expected input[4, 16, 11] to have 32 channels") or, for positions, mismatches shapes:
+``repros/dtensor_conv_channel_split.py``. keras_hub's Qwen3.5 met it in its gated delta net, whose depthwise
+``conv1d`` reads the output of a projection that tensor parallelism splits by features.
+
+So an input is made whole along every dim but the batch (the batch split is kept: each sample is convolved on its
+own), a split kernel is made whole, and Keras' own function runs on them: one process's values, differentiably.
+Plain tensors, and DTensors already laid out so, go to Keras' function unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import keras_modules
+from .._lifecycle.recorder import PatchRecorder
+from .normalization import whole_along_axes
+from .patches import rebind_everywhere
+
+
+def install(patches: PatchRecorder) -> None:
+    nn = keras_modules.backend_nn()
+    for original in (nn.conv, nn.conv_transpose):
+        rebind_everywhere(patches, original, _on_batch_split_only(original))
+
+
+def _on_batch_split_only(original: Any) -> Any:
+    @functools.wraps(original)
+    def convolution(inputs: Any, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        inputs = whole_along_axes(inputs, tuple(range(1, getattr(inputs, "ndim", 1))))
+        kernel = whole_along_axes(kernel, tuple(range(getattr(kernel, "ndim", 0))))
+        return original(inputs, kernel, *args, **kwargs)
+
+    return convolution
