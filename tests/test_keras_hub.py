@@ -88,6 +88,63 @@ MODELS["smollm3"] = ("SmolLM3Backbone", "SmolLM3CausalLM", dict(
     layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6, max_position_embeddings=64,
     rope_theta=10000.0, partial_rotary_factor=1.0))
 CASES += [("smollm3", "model_parallel", (1, 2)), ("smollm3", "model_parallel", (2, 2))]
+# Every other keras_hub 0.32 CausalLM with a text backbone, from its tiniest config (Gemma4's assistant is left out:
+# it is a draft model that runs only beside a target model). Aliases are covered by their class: Qwen2 is Qwen,
+# SmolLM is SmolLM3.
+V, L, H, I = 64, 2, 16, 32
+GQA = dict(vocabulary_size=V, num_layers=L, num_query_heads=4, num_key_value_heads=2, hidden_dim=H)
+GEMMA4 = dict(GQA, intermediate_dim=I, image_size=16, head_dim=4, global_head_dim=8, sliding_window_size=64,
+              layer_types=["sliding_attention", "full_attention"], vision_encoder=None, audio_encoder=None)
+QWEN3_5 = dict(GQA, head_dim=8, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+               linear_num_value_heads=4, linear_key_head_dim=4, linear_value_head_dim=4, linear_conv_kernel_dim=4)
+MODELS.update({
+    "bloom": ("BloomBackbone", "BloomCausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4, hidden_dim=H,
+                                                     intermediate_dim=I)),
+    "falcon": ("FalconBackbone", "FalconCausalLM", dict(vocabulary_size=V, num_layers=L, num_attention_heads=4,
+                                                        hidden_dim=H, intermediate_dim=I)),
+    # dropout off (GPT2's and OPT's default is 0.1): ranks draw their masks for their own pieces, so a training step
+    # is not the one process's draw, though each is a valid one
+    "gpt2": ("GPT2Backbone", "GPT2CausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4, hidden_dim=H,
+                                                  intermediate_dim=I, max_sequence_length=64, dropout=0.0)),
+    # rotary_percentage 0.5: the default 0.25 of a head of 4 is a rotary dim of 1, which keras_hub refuses (odd)
+    "gpt_neox": ("GPTNeoXBackbone", "GPTNeoXCausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4,
+                                                            hidden_dim=H, intermediate_dim=I, max_sequence_length=64,
+                                                            rotary_percentage=0.5)),
+    "opt": ("OPTBackbone", "OPTCausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4, hidden_dim=H,
+                                               intermediate_dim=I, max_sequence_length=64, dropout=0.0)),
+    "gemma3": ("Gemma3Backbone", "Gemma3CausalLM", dict(GQA, intermediate_dim=I, image_size=16, head_dim=4,
+                                                        use_post_ffw_norm=True, use_post_attention_norm=True,
+                                                        use_sliding_window_attention=True, sliding_window_size=64,
+                                                        vision_encoder=None)),
+    "gemma3n": ("Gemma3nBackbone", "Gemma3nCausalLM", dict(
+        text_vocab_size=V, text_hidden_size=H, num_hidden_layers=L, pad_token_id=0, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=4, intermediate_size=[I, I], hidden_activation="gelu_approximate",
+        layer_types=["sliding_attention", "full_attention"], sliding_window=64, rope_theta=10000.0,
+        max_position_embeddings=64, vocab_size_per_layer_input=V, hidden_size_per_layer_input=4, altup_num_inputs=2,
+        laurel_rank=4)),
+    "gemma4": ("Gemma4Backbone", "Gemma4CausalLM", GEMMA4),
+    "gemma4_moe": ("Gemma4Backbone", "Gemma4CausalLM", dict(GEMMA4, enable_moe_block=True, num_experts=4,
+                                                            expert_intermediate_dim=8, num_experts_per_token=2)),
+    "gpt_oss": ("GptOssBackbone", "GptOssCausalLM", dict(GQA, intermediate_dim=8, num_experts=4, top_k=2,
+                                                         head_dim=4, sliding_window=64)),
+    "mistral": ("MistralBackbone", "MistralCausalLM", dict(GQA, intermediate_dim=I, sliding_window=64, head_dim=4)),
+    "mixtral": ("MixtralBackbone", "MixtralCausalLM", dict(GQA, intermediate_dim=8, num_experts=4, top_k=2,
+                                                           sliding_window=64)),
+    "phi3": ("Phi3Backbone", "Phi3CausalLM", dict(GQA, intermediate_dim=I, max_sequence_length=64,
+                                                  pretraining_sequence_length=64)),
+    "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(GQA, intermediate_dim=I, head_dim=4)),
+    "qwen3_5": ("Qwen3_5Backbone", "Qwen3_5CausalLM", dict(QWEN3_5, intermediate_dim=I)),
+    "qwen3_5_moe": ("Qwen3_5MoeBackbone", "Qwen3_5MoeCausalLM", dict(
+        QWEN3_5, moe_intermediate_dim=8, shared_expert_intermediate_size=8, num_experts=4, top_k=2)),
+    "rwkv7": ("RWKV7Backbone", "RWKV7CausalLM", dict(hidden_size=H, head_size=4, num_layers=L, vocabulary_size=V,
+                                                     intermediate_dim=I, gate_lora=4, mv_lora=4, aaa_lora=4,
+                                                     decay_lora=4)),
+})
+# Every model under the map the package derives from the model itself (keras_dtensor_mixfix.layouts); the
+# environment variable names a subset (CI's Keras 3.16 environment runs some, its keras_hub one all)
+DERIVED_SHAPES = ((1, 2), (2, 2)) + tuple(shape for mode, shape in LAYOUTS[4:])  # and MIXFIX_TEST_MESHES'
+DERIVED_MODELS = [name for name in os.environ.get("MIXFIX_TEST_DERIVED_MODELS", "").split(",") if name] or sorted(MODELS)
+CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES]
 # the attention kernels' layer names, where they are not keras_hub's usual query, key, value, attention_output
 ATTENTION_PARTS = {"smollm3": ("q_proj", "k_proj", "v_proj", "o_proj")}
 # Gemma on a (1, 4) mesh too: it failed on Keras 3.16 in DTensor's backward ("shape '[4, 8, 8, 4, 1]' is invalid
@@ -159,7 +216,7 @@ def _run(lm, initial=None, rows=slice(None)):
         lm.set_weights(initial)
     all_ids, all_mask, prompt_mask = _batch()
     ids, mask = all_ids[rows], all_mask[rows]
-    x = {"token_ids": ids, "padding_mask": mask}
+    x = _inputs(lm, ids, mask)
     weights = mask.astype("float32")
     batch_size = len(ids)  # one batch: the global one, or this process's shard of it
     out = {"initial": lm.get_weights(), "pipeline": _pipeline(), "rows": rows}
@@ -173,10 +230,39 @@ def _run(lm, initial=None, rows=slice(None)):
     out["evaluated"] = {key: np.float64(value) for key, value in evaluated.items()}
     out["predicted"] = np.asarray(_through(lm, "predict")(x, batch_size=batch_size, verbose=0))
     # generate() runs outside the trainer's data distribution: every process asks for every prompt
-    ids = all_ids
-    generated = lm.generate({"token_ids": ids * prompt_mask, "padding_mask": prompt_mask}, stop_token_ids=None)
+    generated = lm.generate(_generate_inputs(lm, all_ids, prompt_mask), stop_token_ids=None)
     out["generated"] = np.asarray(generated["token_ids"])
     return out
+
+
+def _inputs(lm, ids, mask):
+    """The backbone's inputs: token ids and padding mask, and positions where the backbone asks for them (Gemma4)."""
+    x = {"token_ids": ids, "padding_mask": mask}
+    if "position_ids" in lm.backbone.input:
+        x["position_ids"] = np.broadcast_to(np.arange(ids.shape[1], dtype="int32"), ids.shape).copy()
+    return x
+
+
+def _generate_inputs(lm, ids, prompt_mask):
+    """What ``generate`` takes with ``preprocessor=None``: the prompts and their mask, but for a text-only Gemma3 an
+    empty image batch (its generate step returns images None, which keras_hub cannot concatenate), and for RWKV7 the
+    layout of its preprocessor's ``generate_preprocess`` (the prompt but its last token left-padded, that token
+    first in ``predict_token_ids``)."""
+    name = type(lm).__name__
+    if name == "Gemma3CausalLM":
+        size = lm.backbone.image_size
+        return {"token_ids": ids * prompt_mask, "padding_mask": prompt_mask,
+                "images": np.zeros((len(ids), 0, size, size, 3), "float32")}
+    if name == "RWKV7CausalLM":
+        tokens, token_mask = np.zeros_like(ids), np.zeros(ids.shape, bool)
+        predict = np.zeros((len(ids), 6), ids.dtype)
+        for row, length in enumerate(PROMPT_LENGTHS):
+            tokens[row, ids.shape[1] - (length - 1):] = ids[row, :length - 1]
+            token_mask[row, ids.shape[1] - (length - 1):] = True
+            predict[row, 0] = ids[row, length - 1]
+        return {"token_ids": tokens, "input_padding_mask": token_mask, "padding_mask": predict != 0,
+                "predict_token_ids": predict}
+    return {"token_ids": ids * prompt_mask, "padding_mask": prompt_mask}
 
 
 def _distribution(name, mode, mesh_shape):
@@ -187,7 +273,12 @@ def _distribution(name, mode, mesh_shape):
         distribution = keras.distribution.DataParallel()
     else:
         mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
-        if name in HAND_MAPS:
+        if mode == "derived":
+            from keras_dtensor_mixfix.layouts import layout_map_for
+
+            backbone_name, _, config = MODELS[name]
+            layout_map = layout_map_for(getattr(keras_hub.models, backbone_name), mesh, config=config)
+        elif name in HAND_MAPS:
             layout_map = keras.distribution.LayoutMap(mesh)
             for key, axes in HAND_MAPS[name].items():
                 layout_map[key] = axes
@@ -242,6 +333,12 @@ def distributed_case(name, mode, mesh_shape, optimizer="adam"):
         lm = _causal_lm(name, optimizer, _per_process_losses(mode))
         out = _run(lm, rows=_own_rows(mode, mesh_shape))
         # pairs, not a dict: two variables may share a path (SmolLM3 builds its o_proj outside the layer's scope)
+        if mode == "derived":  # what the derivation asked for, read in a fresh session (other layer names)
+            from keras_dtensor_mixfix.layouts import derive_layouts
+
+            mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
+            derived = derive_layouts(lm.backbone, mesh)
+            out["derived"] = (derived.axes, derived.left_whole)
         out["placements"] = [(v.path, tuple(str(p) for p in v.value.placements) if isinstance(v.value, DTensor)
                               else None) for v in lm.weights]
     finally:
@@ -271,9 +368,16 @@ _per_world_size = {}
 _references = {}
 
 
-def _distributed(world_size):
+def _selected_cases(request):
+    """The cases this session runs (``-k`` selects some): the ranks run only those."""
+    selected = [item.callspec.params for item in request.session.items
+                if getattr(item, "originalname", None) == "test_causal_lm_equals_single_process"]
+    return {(params["name"], params["mode"], params["shape"]) for params in selected}
+
+
+def _distributed(world_size, selected=None):
     if world_size not in _per_world_size:
-        cases = [case for case in CASES if int(np.prod(case[2])) == world_size]
+        cases = [case for case in CASES if int(np.prod(case[2])) == world_size and (not selected or case in selected)]
         _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=1200)
     return _per_world_size[world_size]
 
@@ -287,15 +391,35 @@ def _reference(name, per_process_losses=False):
     return _references[key]
 
 
-@pytest.mark.parametrize("name,mode,shape", CASES,
-                         ids=[f"{name}-{mode}-{'x'.join(map(str, shape))}" for name, mode, shape in CASES])
-def test_causal_lm_equals_single_process(name, mode, shape):
-    per_rank = [results[(name, mode, shape)] for results in _distributed(int(np.prod(shape)))]
+# Qwen3.5 (its gated delta net layers) fails in the backward of the first step under ModelParallel on torch, even
+# with every weight replicated ("view size is not compatible with input tensor's size and stride", raised by an op
+# on plain pieces, not in DTensor's dispatch): not yet understood, so not claimed
+KNOWN_FAILURES = {"qwen3_5", "qwen3_5_moe"}
+
+
+# Logits after three Adam steps where the derived map splits the hidden dim over both axes of (2, 2): the partial
+# sums add in another order than one process's, and Gemma3n's and Gemma4's predictions came out 3.7e-5 and 1.4e-5
+# apart (22 and 2 of 2048 logits beyond 1e-5; losses, metrics and trained weights within the usual tolerance)
+PREDICTION_ATOL = {("gemma3n", (2, 2)): 1e-4, ("gemma4", (2, 2)): 1e-4, ("gemma4_moe", (2, 2)): 1e-4}
+
+
+def _case_param(name, mode, shape):
+    marks = [pytest.mark.xfail(strict=True, reason="Qwen3.5's backward under ModelParallel (KNOWN_FAILURES)")] \
+        if name in KNOWN_FAILURES else []
+    return pytest.param(name, mode, shape, marks=marks, id=f"{name}-{mode}-{'x'.join(map(str, shape))}")
+
+
+@pytest.mark.parametrize("name,mode,shape", [_case_param(*case) for case in CASES])
+def test_causal_lm_equals_single_process(name, mode, shape, request):
+    per_rank = [results[(name, mode, shape)] for results in _distributed(int(np.prod(shape)),
+                                                                         _selected_cases(request))]
     for rank, out in enumerate(per_rank):
         assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
     out = per_rank[0]
     placements = out["placements"]
-    if mode.startswith("model_parallel"):
+    if mode == "derived":
+        _check_derived_placements(out, shape)
+    elif mode.startswith("model_parallel"):
         # sharded along the "model" mesh axis (the last one)
         sharded = sorted(path for path, p in placements if p and p[-1].startswith("S("))
         assert any("embeddings" in path for path in sharded), sharded  # vocabulary-sharded table
@@ -331,17 +455,37 @@ def test_causal_lm_equals_single_process(name, mode, shape):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not all(np.array_equal(got, before) for got, before in zip(out["trained"], out["initial"]))
     for rank, got in enumerate(per_rank):  # each rank's predictions of the rows it fed
-        np.testing.assert_allclose(got["predicted"], reference["predicted"][got["rows"]], rtol=1e-5, atol=1e-5,
-                                   err_msg=f"rank {rank}")
+        np.testing.assert_allclose(got["predicted"], reference["predicted"][got["rows"]], rtol=1e-5,
+                                   atol=PREDICTION_ATOL.get((name, shape), 1e-5), err_msg=f"rank {rank}")
     np.testing.assert_array_equal(out["generated"], reference["generated"])
     assert out["pipeline"] == reference["pipeline"]
     prompts = _batch()[0] * _batch()[2]
-    for row, length in enumerate(PROMPT_LENGTHS):  # the prompt kept, the rest generated
+    for row, length in enumerate(PROMPT_LENGTHS if name != "rwkv7" else ()):  # the prompt kept, the rest generated
+        # (RWKV7 returns its own layout: the left-padded prompt, then the predicted tokens)
         np.testing.assert_array_equal(out["generated"][row, :length], prompts[row, :length])
     for other in per_rank[1:]:  # every rank holds the same global values
         np.testing.assert_array_equal(other["generated"], out["generated"])
         for got, want in zip(other["trained"], out["trained"]):
             np.testing.assert_array_equal(got, want)
+
+
+def _check_derived_placements(out, shape):
+    """Every weight the derivation split is split so on its mesh, over "model" along the dim it chose (and over
+    "batch" where it chose that too and the axis has more than one rank); every other weight is whole."""
+    axes, left_whole = out["derived"]
+    assert axes and left_whole is not None
+    assert any("embeddings" in path and "model" in a for path, a in axes.items()), axes  # vocabulary-split
+    for path, placements in out["placements"]:
+        want = axes.get(path)
+        if want is None:
+            assert placements is None or all(p == "R" for p in placements), (path, placements)
+            continue
+        assert placements is not None, path
+        model_dim = want.index("model")
+        assert placements[-1] == f"S({model_dim})", (path, want, placements)
+        if shape[0] > 1:
+            batch = f"S({want.index('batch')})" if "batch" in want else "R"
+            assert placements[0] == batch, (path, want, placements)
 
 
 def test_fit_and_predict_go_through_keras_hub_input_pipeline():

@@ -53,7 +53,7 @@ _DEPRECATED = {
 
 # Public submodules, reachable as attributes (``keras_dtensor_mixfix.testing.run_on_ranks``) without
 # an import of their own; imported on first access.
-_SUBMODULES = ("checkpoint", "hookspecs", "keras_integration", "testing")
+_SUBMODULES = ("checkpoint", "hookspecs", "keras_integration", "layouts", "testing")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

@@ -70,7 +70,7 @@ name here                                   3.15.1 / 3.16
 from __future__ import annotations
 
 import importlib
-from typing import Any, Tuple
+from typing import Any, List, Tuple
 
 OLDEST_KERAS: Tuple[int, int] = (3, 12)
 """Oldest supported Keras (major, minor); CI runs the Keras tests on 3.12.4."""
@@ -252,6 +252,21 @@ def layer_class() -> Any:
     from keras.src.layers.layer import Layer
 
     return Layer
+
+
+def sublayers(layer: Any) -> List[Any]:
+    """A layer's direct sublayers, in the order it tracks them (``_flatten_layers``)."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def uninitialized_variables() -> List[Any]:
+    """The variables made in a ``StatelessScope(initialize_variables=False)`` that the next scope to close with
+    ``initialize_variables=True`` initializes (Keras keeps them in a global list)."""
+    return list(global_state().get_global_attribute("uninitialized_variables", None) or [])
+
+
+def set_uninitialized_variables(variables: List[Any]) -> None:
+    global_state().set_global_attribute("uninitialized_variables", list(variables))
 
 
 def global_state() -> Any:
