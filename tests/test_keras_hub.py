@@ -13,6 +13,10 @@ greedy ``generate()`` on prompts of different lengths. Losses, metrics, the trai
 (``get_weights``), the predictions and the generated tokens must equal the same model run in a
 single process built with the same seed (the same initial weights, checked; float32, rtol 1e-5).
 
+Every keras_hub 0.32 CausalLM with a text backbone (24 models, those six among them) also runs under the map
+``keras_dtensor_mixfix.layouts`` derives from the model ("derived" cases) on (1, 2) and (2, 2);
+``MIXFIX_TEST_DERIVED_MODELS`` names a subset. ``-k`` selections run only the selected cases on the ranks.
+
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
 each case is checked by its own test. ``MIXFIX_TEST_MESHES="2x4,4x2"`` adds
 ModelParallel meshes (8 ranks: slow, documented in docs/keras.md, not in CI).
@@ -141,9 +145,11 @@ MODELS.update({
                                                      decay_lora=4)),
 })
 # Every model under the map the package derives from the model itself (keras_dtensor_mixfix.layouts); the
-# environment variable names a subset (CI's Keras 3.16 environment runs some, its keras_hub one all)
+# environment variable names a subset, or none when empty (CI's Keras 3.16 environment: there a derived map's first
+# step times out in a collective, open; its keras_hub environment runs all)
 DERIVED_SHAPES = ((1, 2), (2, 2)) + tuple(shape for mode, shape in LAYOUTS[4:])  # and MIXFIX_TEST_MESHES'
-DERIVED_MODELS = [name for name in os.environ.get("MIXFIX_TEST_DERIVED_MODELS", "").split(",") if name] or sorted(MODELS)
+DERIVED_MODELS = (sorted(MODELS) if "MIXFIX_TEST_DERIVED_MODELS" not in os.environ
+                  else [name for name in os.environ["MIXFIX_TEST_DERIVED_MODELS"].split(",") if name in MODELS])
 CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES]
 # the attention kernels' layer names, where they are not keras_hub's usual query, key, value, attention_output
 ATTENTION_PARTS = {"smollm3": ("q_proj", "k_proj", "v_proj", "o_proj")}
@@ -392,8 +398,10 @@ def _reference(name, per_process_losses=False):
 
 
 # Qwen3.5 (its gated delta net layers) fails in the backward of the first step under ModelParallel on torch, even
-# with every weight replicated ("view size is not compatible with input tensor's size and stride", raised by an op
-# on plain pieces, not in DTensor's dispatch): not yet understood, so not claimed
+# with every weight replicated, and under DataParallel too: "view size is not compatible with input tensor's size
+# and stride", an aten.view in the backward of a DTensor of global stride (32, 4, 1) whose piece is laid out
+# transposed (stride (32, 1, 8)), after the backward of its depthwise convolution. Not reduced to a repro yet, so
+# not claimed
 KNOWN_FAILURES = {"qwen3_5", "qwen3_5_moe"}
 
 
@@ -494,5 +502,7 @@ def test_fit_and_predict_go_through_keras_hub_input_pipeline():
     assert _reference("gemma")["pipeline"] == "grain"
     for results in _distributed(2):  # the cases compare their pipeline with the reference's
         for case, out in results.items():
+            if case[0] in KNOWN_FAILURES:
+                continue
             assert isinstance(out, dict), f"{case} raised:\n{out}"
             assert out["pipeline"] == "grain", case
