@@ -178,7 +178,7 @@ def test_dcp_load_of_a_tensor_saved_whole_reads_it_whole_on_every_rank():
     _run_repro(torch_dcp_load_reads_whole_saved_tensor.repro, "AssertionError", "bytes to load its", world_size=2)
 
 
-# seen on 2.13.0
+# seen on 2.12.1, 2.13.0 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: DTensor's convolution of an input split along its channels runs "
                           "the kernel on the piece with the whole weight; worked around in the Keras conv")
