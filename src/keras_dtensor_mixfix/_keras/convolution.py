@@ -6,8 +6,10 @@ raises ("expected input[4, 16, 11] to have 32 channels") or, for positions, mism
 ``repros/dtensor_conv_channel_split.py``. keras_hub's Qwen3.5 met it in its gated delta net, whose depthwise
 ``conv1d`` reads the output of a projection that tensor parallelism splits by features.
 
-So an input is made whole along every dim but the batch (the batch split is kept: each sample is convolved on its
-own), a split kernel is made whole, and Keras' own function runs on them: one process's values, differentiably.
+So an input is made whole along every dim but the batch (the batch split is kept on a mesh with one dim of more
+than one rank: each sample is convolved on its own; on a 2-D mesh torch 2.15's convolution backward refuses even
+that, so the input is made whole), a split kernel is made whole, and Keras' own function runs on them: one process's
+values, differentiably.
 Plain tensors, and DTensors already laid out so, go to Keras' function unchanged.
 """
 
@@ -31,8 +33,20 @@ def install(patches: PatchRecorder) -> None:
 def _on_batch_split_only(original: Any) -> Any:
     @functools.wraps(original)
     def convolution(inputs: Any, kernel: Any, *args: Any, **kwargs: Any) -> Any:
-        inputs = whole_along_axes(inputs, tuple(range(1, getattr(inputs, "ndim", 1))))
+        # the batch split kept on a 1-D mesh only: on a 2-D mesh torch 2.15's convolution backward refuses an input
+        # split over one axis (its strategy "mixes None with placements across mesh dims"), so it runs whole there
+        batch_kept = 1 if _split_over_one_mesh_dim(inputs) else 0
+        inputs = whole_along_axes(inputs, tuple(range(batch_kept, getattr(inputs, "ndim", 1))))
         kernel = whole_along_axes(kernel, tuple(range(getattr(kernel, "ndim", 0))))
         return original(inputs, kernel, *args, **kwargs)
 
     return convolution
+
+
+def _split_over_one_mesh_dim(tensor: Any) -> bool:
+    """A DTensor on a mesh with one dim of more than one rank (or a plain tensor: nothing to decide)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return True
+    return sum(size > 1 for size in tensor.device_mesh.shape) <= 1
