@@ -3,7 +3,7 @@
 DTensor computes ``aten.convolution`` for an input split along its batch, or whole; for an input split along its
 channels or positions it runs torch's kernel on this rank's piece with the whole weight (torch 2.12-2.15), which
 raises ("expected input[4, 16, 11] to have 32 channels") or, for positions, mismatches shapes:
-``repros/dtensor_conv_channel_split.py``. keras_hub's Qwen3.5 met it in its gated delta net, whose depthwise
+``repros/torch_conv_channel_split.py``. keras_hub's Qwen3.5 met it in its gated delta net, whose depthwise
 ``conv1d`` reads the output of a projection that tensor parallelism splits by features.
 
 So an input is made whole along every dim but the batch (the batch split is kept on a mesh with one dim of more

@@ -136,6 +136,7 @@ class _Deriver:
         self.model_size = sizes[model_axis]
         self.data_size = sizes[data_axis] if data_axis is not None else 1
         self.walked = list(_walk(model))
+        self.children = {id(layer): children for layer, _, children in self.walked}
         self.token_embedding = _token_embedding([layer for layer, _, _ in self.walked])
         if self.token_embedding is None:
             raise InvalidArgumentError(
@@ -233,15 +234,15 @@ class _Deriver:
         if writes and (not reads or len(projection.contracted) > 1):
             return "row"
         if reads and writes:  # a square kernel: the last projection of its layer writes back
-            return "row" if self._last_projection_after_readers(projection.layer, parents) else "column"
+            return "row" if self._last_projection_of_its_layer(projection.layer, parents) else "column"
         return None
 
-    def _last_projection_after_readers(self, layer: Any, parents: Sequence[Any]) -> bool:
+    def _last_projection_of_its_layer(self, layer: Any, parents: Sequence[Any]) -> bool:
         import keras
 
         if not parents:
             return False
-        siblings = [child for child in keras_modules.sublayers(parents[-1])
+        siblings = [child for child in self.children[id(parents[-1])]
                     if isinstance(child, (keras.layers.EinsumDense, keras.layers.Dense))]
         return len(siblings) > 1 and siblings[-1] is layer
 
