@@ -397,14 +397,6 @@ def _reference(name, per_process_losses=False):
     return _references[key]
 
 
-# Qwen3.5 (its gated delta net layers) fails in the backward of the first step under ModelParallel on torch, even
-# with every weight replicated, and under DataParallel too: "view size is not compatible with input tensor's size
-# and stride", an aten.view in the backward of a DTensor of global stride (32, 4, 1) whose piece is laid out
-# transposed (stride (32, 1, 8)), after the backward of its depthwise convolution. Not reduced to a repro yet, so
-# not claimed
-KNOWN_FAILURES = {"qwen3_5", "qwen3_5_moe"}
-
-
 # Logits after three Adam steps where the derived map splits the hidden dim over both axes of (2, 2): the partial
 # sums add in another order than one process's, and Gemma3n's and Gemma4's predictions came out 3.7e-5 and 1.4e-5
 # apart (22 and 2 of 2048 logits beyond 1e-5; losses, metrics and trained weights within the usual tolerance)
@@ -412,9 +404,7 @@ PREDICTION_ATOL = {("gemma3n", (2, 2)): 1e-4, ("gemma4", (2, 2)): 1e-4, ("gemma4
 
 
 def _case_param(name, mode, shape):
-    marks = [pytest.mark.xfail(strict=True, reason="Qwen3.5's backward under ModelParallel (KNOWN_FAILURES)")] \
-        if name in KNOWN_FAILURES else []
-    return pytest.param(name, mode, shape, marks=marks, id=f"{name}-{mode}-{'x'.join(map(str, shape))}")
+    return pytest.param(name, mode, shape, id=f"{name}-{mode}-{'x'.join(map(str, shape))}")
 
 
 @pytest.mark.parametrize("name,mode,shape", [_case_param(*case) for case in CASES])
@@ -502,7 +492,5 @@ def test_fit_and_predict_go_through_keras_hub_input_pipeline():
     assert _reference("gemma")["pipeline"] == "grain"
     for results in _distributed(2):  # the cases compare their pipeline with the reference's
         for case, out in results.items():
-            if case[0] in KNOWN_FAILURES:
-                continue
             assert isinstance(out, dict), f"{case} raised:\n{out}"
             assert out["pipeline"] == "grain", case

@@ -469,6 +469,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
 
     from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.activations import AFFECTED
 
     rng = np.random.default_rng(0)
     table = rng.normal(size=(VOCAB, 8)).astype("float32")
@@ -498,6 +499,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.one_hot(ids, VOCAB)), ops.convert_to_numpy(ops.one_hot(ids % 7, 7, axis=0)),
                 ops.convert_to_numpy(ops.depthwise_conv(q.reshape(2, LENGTH, -1), table[:3, :, None], padding="same")),
                 ops.convert_to_numpy(ops.conv(q.reshape(2, LENGTH, -1), table[:3, :, None], padding="valid")),
+                *(ops.convert_to_numpy(getattr(keras.activations, name)(table)) for name in AFFECTED),
                 ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
 
     from keras.src.layers.layer import Layer
@@ -700,3 +702,60 @@ def test_attention_output_of_head_split_operands_reshapes_like_single_process(me
                                world_size=mesh_shape[0] * mesh_shape[1], timeout=300):
         torch.testing.assert_close(result["out"], flat.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(result["q_grad"], reference_q.grad, rtol=1e-5, atol=1e-6)
+
+
+def activations_of_rows_read_transposed(rows, mesh_shape, placements):
+    """Each Keras activation whose backward torch lays out unlike DTensor's declaration, applied to a DTensor
+    reshaped from (rows, features) to (batch, length, features) and read back transposed (as Qwen3.5's gated
+    delta net reads its ``softplus``): each output and the gradient of ``rows``."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras.activations import AFFECTED
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        leaf = distribute_tensor(rows, mesh(mesh_shape, ("batch", "model")), list(placements)).requires_grad_()
+        outs = {}
+        for name in AFFECTED:
+            out = keras.ops.transpose(getattr(keras.activations, name)(keras.ops.reshape(leaf, (4, 8, 4))), (0, 2, 1))
+            (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+            outs[name] = (out.detach().full_tensor(), leaf.grad.full_tensor())
+            leaf.grad = None
+        return outs
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape, placements", [
+    ((1, 2), ("R", 0)),  # rows over "model" (DataParallel's layout on a 1-D mesh)
+    ((1, 2), ("R", 1)),  # features over "model"
+    ((2, 2), (0, 1)),    # rows over "batch", features over "model"
+], ids=["1x2-rows", "1x2-features", "2x2-rows-and-features"])
+def test_activation_gradient_read_transposed_reshapes_like_single_process(mesh_shape, placements):
+    """torch's kernel writes these activations' gradients transposed where DTensor declares them contiguous; the
+    reshape before the activation then failed in the backward ("view size is not compatible": Qwen3.5)."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    from keras_dtensor_mixfix._keras.activations import AFFECTED
+
+    torch.manual_seed(0)
+    rows = torch.randn(32, 4)
+    want = {}
+    for name in AFFECTED:
+        leaf = rows.clone().requires_grad_()
+        out = keras.ops.transpose(getattr(keras.activations, name)(keras.ops.reshape(leaf, (4, 8, 4))), (0, 2, 1))
+        (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+        want[name] = (out.detach(), leaf.grad)
+    dtensor_placements = tuple(Replicate() if p == "R" else Shard(p) for p in placements)
+    for result in run_on_ranks(activations_of_rows_read_transposed, rows, mesh_shape, dtensor_placements,
+                               world_size=mesh_shape[0] * mesh_shape[1], timeout=300):
+        assert set(result) == set(want)
+        for name, (out, grad) in result.items():
+            torch.testing.assert_close(out, want[name][0], rtol=1e-6, atol=1e-6, msg=name)
+            torch.testing.assert_close(grad, want[name][1], rtol=1e-6, atol=1e-6, msg=name)

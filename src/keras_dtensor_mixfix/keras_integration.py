@@ -39,9 +39,9 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate, keras_modules,
-                     local_einsum, normalization, promotion_mode, reductions, repeat, saving, sharded_ops, tracebacks,
-                     values, variables, vocab_parallel_loss, whole_weights)
+from ._keras import (activations, backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate,
+                     keras_modules, local_einsum, normalization, promotion_mode, reductions, repeat, saving,
+                     sharded_ops, tracebacks, values, variables, vocab_parallel_loss, whole_weights)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
@@ -128,6 +128,9 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
             added.append("ops: rms_normalization of a DTensor split along the normalized axis runs on whole rows")
             convolution.install(patches)
             added.append("ops: a convolution of a DTensor split along channels or positions runs on whole ones")
+            activations.install(patches)
+            added.append("ops: softplus, elu, selu and celu of a DTensor take their gradient contiguous (the layout "
+                         "DTensor declares for theirs)")
             vocab_parallel_loss.install(patches)
             added.append("loss: sparse categorical cross-entropy over class-split logits never gathers them")
             tracebacks.install(patches)

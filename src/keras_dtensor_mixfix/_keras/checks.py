@@ -148,6 +148,7 @@ def check_compile_hooks() -> str:
 
 
 def check_backend_ops() -> str:
+    from .activations import AFFECTED as ACTIVATIONS
     from .sharded_ops import ARG_REDUCTIONS
 
     _require(keras_modules.core(), ("convert_to_numpy", "convert_to_tensor", "cast", "get_device", "slice_update"),
@@ -155,7 +156,7 @@ def check_backend_ops() -> str:
     _require(keras_modules.backend_numpy(), ("take", "einsum", "repeat", "min", "max", "all", "any") + ARG_REDUCTIONS,
              "the torch backend's numpy")
     _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy",
-                                          "conv", "conv_transpose"),
+                                          "conv", "conv_transpose") + ACTIVATIONS,
              "the torch backend's nn")
     _require(keras_modules.ops_nn(), ("_rms_normalization",), "Keras' ops.nn")
     _takes(keras_modules.ops_nn()._rms_normalization, "x", "scale", "axis", "epsilon")

@@ -1,0 +1,65 @@
+"""Activations whose gradient DTensor lays out unlike torch's kernel: their incoming gradient is made contiguous.
+
+For ``softplus`` and ``elu`` (so Keras' ``selu`` and ``celu``), torch's meta functions give the backward's output
+the layout of the forward input (contiguous) while the CPU kernel gives it the layout of the incoming gradient.
+DTensor declares the meta function's strides over a piece laid out as the kernel wrote it, so when the gradient
+arrives transposed (the activation's output is permuted later, as in Qwen3.5's gated delta net), a later
+``reshape`` of that gradient takes the view path and raises "view size is not compatible" -- with no mixed operand,
+under DataParallel too (torch 2.12-2.15: ``repros/torch_activation_backward_strides.py``).
+
+So the gradient arriving at such an activation of a DTensor is made contiguous first (a copy only where it is
+not): the kernel then writes the layout DTensor declares. Values are unchanged; plain tensors are not touched.
+(``hardtanh``, ``hardsigmoid`` and ``hardswish`` -- Keras' ``relu6``, ``hard_tanh``, ``hard_sigmoid``, ``hard_silu``
+-- share the layout disagreement, but DTensor has no strategy for their backward at all, so they are left alone.)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import keras_modules
+from .._lifecycle.recorder import PatchRecorder
+from .patches import rebind_everywhere
+
+#: Keras' torch-backend activations whose backward is one of the aten ops with the layout disagreement.
+AFFECTED = ("softplus", "elu", "selu", "celu")
+
+
+def install(patches: PatchRecorder) -> None:
+    nn = keras_modules.backend_nn()
+    for name in AFFECTED:
+        original = getattr(nn, name)
+        rebind_everywhere(patches, original, _with_contiguous_gradient(original))
+
+
+def _with_contiguous_gradient(original: Any) -> Any:
+    @functools.wraps(original)
+    def activation(x: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        result = original(x, *args, **kwargs)
+        if isinstance(result, DTensor) and result.requires_grad:
+            return _contiguous_gradient().apply(result)
+        return result
+
+    return activation
+
+
+@functools.lru_cache(maxsize=None)
+def _contiguous_gradient() -> Any:
+    """The autograd function, made on first use: importing the Keras integration must not import torch."""
+    import torch
+
+    class ContiguousGradient(torch.autograd.Function):
+        """Identity forward; the backward passes the gradient on laid out contiguously."""
+
+        @staticmethod
+        def forward(ctx: Any, tensor: Any) -> Any:
+            return tensor.view_as(tensor)
+
+        @staticmethod
+        def backward(ctx: Any, gradient: Any) -> Any:
+            return gradient.contiguous()
+
+    return ContiguousGradient
