@@ -145,8 +145,8 @@ MODELS.update({
                                                      decay_lora=4)),
 })
 # Every model under the map the package derives from the model itself (keras_dtensor_mixfix.layouts); the
-# environment variable names a subset, or none when empty (CI's Keras 3.16 environment: there a derived map's first
-# step times out in a collective, open; its keras_hub environment runs all)
+# environment variable names a subset, or none when empty (CI's Keras 3.16 environment runs four; its keras_hub
+# environment runs all)
 DERIVED_SHAPES = ((1, 2), (2, 2)) + tuple(shape for mode, shape in LAYOUTS[4:])  # and MIXFIX_TEST_MESHES'
 DERIVED_MODELS = (sorted(MODELS) if "MIXFIX_TEST_DERIVED_MODELS" not in os.environ
                   else [name for name in os.environ["MIXFIX_TEST_DERIVED_MODELS"].split(",") if name in MODELS])
@@ -317,7 +317,7 @@ def _own_rows(mode, mesh_shape):
 
     if not _keras_has_own_torch_distribution():
         return slice(None)
-    shards, ranks_per_shard = (mesh_shape[0], mesh_shape[1]) if mode.startswith("model_parallel") else (mesh_shape[0], 1)
+    shards, ranks_per_shard = (mesh_shape[0], mesh_shape[1]) if mode != "data_parallel" else (mesh_shape[0], 1)
     per_process = len(_batch()[0]) // shards
     coordinate = dist.get_rank() // ranks_per_shard
     return slice(coordinate * per_process, (coordinate + 1) * per_process)
