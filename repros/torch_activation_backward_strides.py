@@ -30,16 +30,11 @@ def repro() -> None:
     torch.manual_seed(0)
     gradient = torch.randn(2, 4, 8).transpose(1, 2)  # this rank's (2, 8, 4) piece, laid out transposed
     x = torch.randn(2, 8, 4)
-    for backward, args in ((torch.ops.aten.softplus_backward, (1, 20)),
-                           (torch.ops.aten.elu_backward, (1.0, 1, 1, False))):
-        if backward is torch.ops.aten.softplus_backward:
-            operands = (DTensor.from_local(gradient, mesh, [Shard(0)]), DTensor.from_local(x, mesh, [Shard(0)]), *args)
-            want = backward(gradient, x, *args)
-        else:  # elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result)
-            operands = (DTensor.from_local(gradient, mesh, [Shard(0)]), *args, DTensor.from_local(x, mesh, [Shard(0)]))
-            want = backward(gradient, *args, x)
-        got = backward(*operands).reshape(-1, 4)
-        torch.testing.assert_close(got.to_local(), want.reshape(-1, 4))
+    backwards = {"softplus": lambda grad, inp: torch.ops.aten.softplus_backward(grad, inp, 1, 20),
+                 "elu": lambda grad, inp: torch.ops.aten.elu_backward(grad, 1.0, 1, 1, False, inp)}
+    for name, backward in backwards.items():
+        got = backward(DTensor.from_local(gradient, mesh, [Shard(0)]), DTensor.from_local(x, mesh, [Shard(0)]))
+        torch.testing.assert_close(got.reshape(-1, 4).to_local(), backward(gradient, x).reshape(-1, 4), msg=name)
 
 
 if __name__ == "__main__":

@@ -557,6 +557,13 @@ def test_cast_of_a_numpy_value_compiles_into_one_graph():
     torch.testing.assert_close(compiled, normalized(q), rtol=0, atol=0)
 
 
+def _placements(spec):
+    """DTensor placements from a spec of "R" (replicated) or a tensor dim (split along it), one per mesh dim."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return tuple(Replicate() if p == "R" else Shard(p) for p in spec)
+
+
 def rms_normalization_of_split_rows(x, scale, mesh_shape, x_placements):
     """``keras.ops.rms_normalization`` of a DTensor split along the normalized (last) axis, on this rank: the
     global value, the gradients of ``x`` and ``scale``, and the placements of the result."""
@@ -587,14 +594,13 @@ def rms_normalization_of_split_rows(x, scale, mesh_shape, x_placements):
 ], ids=["1x2-hidden-over-model", "2x2-hidden-over-batch", "2x2-rows-and-hidden"])
 def test_rms_normalization_of_rows_split_along_the_normalized_axis_equals_single_process(mesh_shape, x_placements):
     import torch
-    from torch.distributed.tensor import Replicate, Shard
 
     torch.manual_seed(0)
     x, scale = torch.randn(4, 6, 8), torch.rand(8) + 0.5
     reference_x, reference_scale = x.clone().requires_grad_(), scale.clone().requires_grad_()
     out = torch.nn.functional.rms_norm(reference_x, (8,), reference_scale, 1e-6)
     (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
-    placements = tuple(Replicate() if p == "R" else Shard(p) for p in x_placements)
+    placements = _placements(x_placements)
     world_size = mesh_shape[0] * mesh_shape[1]
     for result in run_on_ranks(rms_normalization_of_split_rows, x, scale, mesh_shape, placements,
                                world_size=world_size, timeout=300):
@@ -638,7 +644,6 @@ def test_convolution_of_an_input_split_along_channels_or_positions_equals_single
                                                                                          kernel_placements):
     import keras
     import torch
-    from torch.distributed.tensor import Replicate, Shard
 
     torch.manual_seed(0)
     x, kernel = torch.randn(4, 10, 8), torch.randn(4, 8, 1)  # (batch, length, channels); (width, channels, 1)
@@ -648,12 +653,9 @@ def test_convolution_of_an_input_split_along_channels_or_positions_equals_single
     out2 = keras.ops.conv(reference_x, reference_dense, padding="valid")
     ((out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum() + out2.square().sum()).backward()
 
-    def placements(spec):
-        return tuple(Replicate() if p == "R" else Shard(p) for p in spec)
-
     world_size = mesh_shape[0] * mesh_shape[1]
-    for result in run_on_ranks(convolution_of_split_channels, x, kernel, mesh_shape, placements(x_placements),
-                               placements(kernel_placements), world_size=world_size, timeout=300):
+    for result in run_on_ranks(convolution_of_split_channels, x, kernel, mesh_shape, _placements(x_placements),
+                               _placements(kernel_placements), world_size=world_size, timeout=300):
         torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(result["out2"], out2.detach(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-5)
@@ -704,12 +706,21 @@ def test_attention_output_of_head_split_operands_reshapes_like_single_process(me
         torch.testing.assert_close(result["q_grad"], reference_q.grad, rtol=1e-5, atol=1e-6)
 
 
+def activation_read_transposed(name, leaf):
+    """Keras activation ``name`` of ``leaf`` (rows, features) reshaped to (batch, length, features), read back
+    transposed, with a weighted sum's gradient taken into ``leaf.grad``: the detached output."""
+    import keras
+    import torch
+
+    out = keras.ops.transpose(getattr(keras.activations, name)(keras.ops.reshape(leaf, (4, 8, 4))), (0, 2, 1))
+    (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+    return out.detach()
+
+
 def activations_of_rows_read_transposed(rows, mesh_shape, placements):
     """Each Keras activation whose backward torch lays out unlike DTensor's declaration, applied to a DTensor
     reshaped from (rows, features) to (batch, length, features) and read back transposed (as Qwen3.5's gated
     delta net reads its ``softplus``): each output and the gradient of ``rows``."""
-    import keras
-    import torch
     from torch.distributed.tensor import distribute_tensor
 
     from keras_dtensor_mixfix import keras_integration
@@ -721,9 +732,8 @@ def activations_of_rows_read_transposed(rows, mesh_shape, placements):
         leaf = distribute_tensor(rows, mesh(mesh_shape, ("batch", "model")), list(placements)).requires_grad_()
         outs = {}
         for name in AFFECTED:
-            out = keras.ops.transpose(getattr(keras.activations, name)(keras.ops.reshape(leaf, (4, 8, 4))), (0, 2, 1))
-            (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
-            outs[name] = (out.detach().full_tensor(), leaf.grad.full_tensor())
+            out = activation_read_transposed(name, leaf)
+            outs[name] = (out.full_tensor(), leaf.grad.full_tensor())
             leaf.grad = None
         return outs
     finally:
@@ -738,9 +748,7 @@ def activations_of_rows_read_transposed(rows, mesh_shape, placements):
 def test_activation_gradient_read_transposed_reshapes_like_single_process(mesh_shape, placements):
     """torch's kernel writes these activations' gradients transposed where DTensor declares them contiguous; the
     reshape before the activation then failed in the backward ("view size is not compatible": Qwen3.5)."""
-    import keras
     import torch
-    from torch.distributed.tensor import Replicate, Shard
 
     from keras_dtensor_mixfix._keras.activations import AFFECTED
 
@@ -749,11 +757,8 @@ def test_activation_gradient_read_transposed_reshapes_like_single_process(mesh_s
     want = {}
     for name in AFFECTED:
         leaf = rows.clone().requires_grad_()
-        out = keras.ops.transpose(getattr(keras.activations, name)(keras.ops.reshape(leaf, (4, 8, 4))), (0, 2, 1))
-        (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
-        want[name] = (out.detach(), leaf.grad)
-    dtensor_placements = tuple(Replicate() if p == "R" else Shard(p) for p in placements)
-    for result in run_on_ranks(activations_of_rows_read_transposed, rows, mesh_shape, dtensor_placements,
+        want[name] = (activation_read_transposed(name, leaf), leaf.grad)
+    for result in run_on_ranks(activations_of_rows_read_transposed, rows, mesh_shape, _placements(placements),
                                world_size=mesh_shape[0] * mesh_shape[1], timeout=300):
         assert set(result) == set(want)
         for name, (out, grad) in result.items():
