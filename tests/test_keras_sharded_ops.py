@@ -500,6 +500,8 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.depthwise_conv(q.reshape(2, LENGTH, -1), table[:3, :, None], padding="same")),
                 ops.convert_to_numpy(ops.conv(q.reshape(2, LENGTH, -1), table[:3, :, None], padding="valid")),
                 *(ops.convert_to_numpy(getattr(keras.activations, name)(table)) for name in AFFECTED),
+                ops.convert_to_numpy(ops.reshape(q, (2, LENGTH, 2, HEADS // 2, DEPTH))),
+                ops.convert_to_numpy(ops.reshape(table, -1)),
                 ops.convert_to_numpy(dense(q.reshape(2, LENGTH, -1)))]  # Layer.__call__, no distribution
 
     from keras.src.layers.layer import Layer
@@ -508,6 +510,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                  keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
                  keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax,
                  keras_modules.backend_nn().one_hot)
+    reshape = keras_modules.backend_numpy().reshape
     keras_integration.uninstall()
     before = run()
     assert keras_integration.install()
@@ -517,6 +520,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
         assert keras_modules.backend_numpy().einsum is not functions[4]
         assert keras_modules.backend_numpy().argmax is not functions[6]
         assert keras_modules.backend_nn().one_hot is not functions[7]
+        assert keras_modules.backend_numpy().reshape is not reshape
         during = run()
     finally:
         keras_integration.uninstall()
@@ -524,6 +528,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
             keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
             keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax,
             keras_modules.backend_nn().one_hot) == functions
+    assert keras_modules.backend_numpy().reshape is reshape
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)
 
@@ -764,3 +769,69 @@ def test_activation_gradient_read_transposed_reshapes_like_single_process(mesh_s
         for name, (out, grad) in result.items():
             torch.testing.assert_close(out, want[name][0], rtol=1e-6, atol=1e-6, msg=name)
             torch.testing.assert_close(grad, want[name][1], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def grouped_reshape(x, mesh_shape, x_placements, gradient_placements, newshape):
+    """Keras ``reshape`` of a DTensor made of ``x`` to ``newshape``, then a weighted sum whose gradient arrives at
+    the reshaped value laid out as ``gradient_placements`` (None: as DTensor leaves it): the global value, the
+    gradient of ``x`` and the value's placements."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    class ArrivesLaidOut(torch.autograd.Function):
+        """Identity; the gradient leaves it as ``placements`` (as an op of the model may lay it out)."""
+
+        @staticmethod
+        def forward(ctx, tensor, placements):
+            ctx.placements = placements
+            return tensor.view_as(tensor)
+
+        @staticmethod
+        def backward(ctx, gradient):
+            return gradient.redistribute(gradient.device_mesh, ctx.placements), None
+
+    assert keras_integration.install()
+    try:
+        leaf = distribute_tensor(x, mesh(mesh_shape, ("batch", "model")), list(x_placements)).requires_grad_()
+        out = keras.ops.reshape(leaf, newshape)
+        read = ArrivesLaidOut.apply(out, gradient_placements) if gradient_placements is not None else out
+        (read * torch.linspace(0.5, 1.5, read.numel()).reshape(read.shape)).sum().backward()
+        return dict(out=out.detach().full_tensor(), grad=leaf.grad.full_tensor(), placements=tuple(out.placements))
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape, x_placements, gradient_placements, shape, newshape, kept", [
+    # 4 query heads split over 4 ranks grouped as (2 key/value heads, 2 per head): DTensor refuses to keep the split
+    ((1, 4), ("R", 2), None, (2, 3, 4, 5), (2, 3, 2, 2, 5), ("R", "R")),
+    # 6 heads over 2, grouped (3, 2), rows over "batch": the heads are gathered, the rows stay split
+    ((2, 2), (0, 2), None, (2, 3, 6, 4), (2, 3, 3, 2, 4), (0, "R")),
+    # 4 heads over 2 grouped (2, 2): DTensor keeps the split on the first factor; nothing gathered
+    ((2, 2), (0, 2), None, (2, 3, 4, 4), (2, 3, 2, 2, 4), (0, 2)),
+    # tokens flattened (MoE), the gradient arriving split over both axes (Mixtral on 8 ranks): DTensor's view back
+    # computed the wrong pieces (repros/torch_view_two_axes_one_dim.py)
+    ((2, 2), (0, "R"), (0, 0), (2, 8, 8), (16, 8), (0, "R")),
+], ids=["1x4-heads-gathered", "2x2-heads-gathered-rows-kept", "2x2-split-kept", "2x2-gradient-over-both-axes"])
+def test_reshape_of_a_split_dtensor_equals_single_process(mesh_shape, x_placements, gradient_placements, shape,
+                                                         newshape, kept):
+    """Where DTensor cannot carry a split into a reshape's new shape (grouped-query attention's query heads, Gemma3 on
+    (2, 4)) the reshaped dims are gathered first; where the gradient arrives split differently from the forward
+    output, it is laid out as the forward was before the view back."""
+    import keras
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    reference = x.clone().requires_grad_()
+    out = keras.ops.reshape(reference, newshape)
+    (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum().backward()
+    grad_placements = _placements(gradient_placements) if gradient_placements is not None else None
+    for result in run_on_ranks(grouped_reshape, x, mesh_shape, _placements(x_placements), grad_placements, newshape,
+                               world_size=mesh_shape[0] * mesh_shape[1], timeout=300):
+        torch.testing.assert_close(result["out"], out.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(result["grad"], reference.grad, rtol=1e-6, atol=1e-6)
+        assert result["placements"] == _placements(kept)

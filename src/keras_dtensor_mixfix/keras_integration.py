@@ -40,7 +40,7 @@ import threading
 from typing import List, Optional
 
 from ._keras import (activations, backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate,
-                     keras_modules, local_einsum, normalization, promotion_mode, reductions, repeat, saving,
+                     keras_modules, local_einsum, normalization, promotion_mode, reductions, repeat, reshape, saving,
                      sharded_ops, tracebacks, values, variables, vocab_parallel_loss, whole_weights)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
@@ -131,6 +131,9 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
             activations.install(patches)
             added.append("ops: softplus, elu, selu and celu of a DTensor take their gradient contiguous (the layout "
                          "DTensor declares for theirs)")
+            reshape.install(patches)
+            added.append("ops: reshape of a DTensor whose split DTensor cannot keep in the new shape gathers the "
+                         "reshaped dimensions first")
             vocab_parallel_loss.install(patches)
             added.append("loss: sparse categorical cross-entropy over class-split logits never gathers them")
             tracebacks.install(patches)

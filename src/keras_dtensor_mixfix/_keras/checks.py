@@ -153,7 +153,7 @@ def check_backend_ops() -> str:
 
     _require(keras_modules.core(), ("convert_to_numpy", "convert_to_tensor", "cast", "get_device", "slice_update"),
              "the torch backend's core")
-    _require(keras_modules.backend_numpy(), ("take", "einsum", "repeat", "min", "max", "all", "any") + ARG_REDUCTIONS,
+    _require(keras_modules.backend_numpy(), ("take", "einsum", "repeat", "reshape", "min", "max", "all", "any") + ARG_REDUCTIONS,
              "the torch backend's numpy")
     _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy",
                                           "conv", "conv_transpose") + ACTIVATIONS,
@@ -162,7 +162,9 @@ def check_backend_ops() -> str:
     _takes(keras_modules.ops_nn()._rms_normalization, "x", "scale", "axis", "epsilon")
     for convolution in (keras_modules.backend_nn().conv, keras_modules.backend_nn().conv_transpose):
         _takes(convolution, "inputs", "kernel")
-    return ("core, numpy and nn functions rebound by name where Keras imported them; ops.nn._rms_normalization "
+    _takes(keras_modules.backend_numpy().reshape, "x", "newshape")
+    return ("core, numpy and nn functions rebound by name where Keras imported them; numpy.reshape (x, newshape); "
+            "ops.nn._rms_normalization "
             "(x, scale, axis, epsilon); nn.conv and conv_transpose (inputs, kernel, ...)")
 
 
