@@ -15,8 +15,8 @@ single process built with the same seed (the same initial weights, checked; floa
 
 Every keras_hub 0.32 CausalLM with a text backbone (24 models, those six among them) also runs under the map
 ``keras_dtensor_mixfix.layouts`` derives from the model ("derived" cases) on (1, 2) and (2, 2);
-``MIXFIX_TEST_DERIVED_MODELS`` names a subset; ``MIXFIX_TEST_DATA_PARALLEL_MODELS`` adds ``DataParallel()`` on 2
-ranks for others ("all": every one). ``-k`` selections run only the selected cases on the ranks.
+``MIXFIX_TEST_DERIVED_MODELS`` names a subset. Every model also runs under ``DataParallel()`` on 2 ranks
+(``MIXFIX_TEST_DATA_PARALLEL_MODELS`` names a subset). ``-k`` selections run only the selected cases on the ranks.
 
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
 each case is checked by its own test. ``MIXFIX_TEST_MESHES="2x4,4x2"`` adds
@@ -152,9 +152,9 @@ DERIVED_SHAPES = ((1, 2), (2, 2)) + tuple(shape for mode, shape in LAYOUTS[4:]) 
 DERIVED_MODELS = (sorted(MODELS) if "MIXFIX_TEST_DERIVED_MODELS" not in os.environ
                   else [name for name in os.environ["MIXFIX_TEST_DERIVED_MODELS"].split(",") if name in MODELS])
 CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES]
-# DataParallel on 2 ranks for the models beyond keras_hub's six (which run it above): the environment variable names
-# them, "all" for every one (slow, not in CI: docs/keras.md "Layout maps derived from the model")
-_DATA_PARALLEL_ASKED = os.environ.get("MIXFIX_TEST_DATA_PARALLEL_MODELS", "").split(",")
+# DataParallel on 2 ranks for the models beyond keras_hub's six (which run it on 4 as well, above): the environment
+# variable names a subset ("all", or unset: every one)
+_DATA_PARALLEL_ASKED = os.environ.get("MIXFIX_TEST_DATA_PARALLEL_MODELS", "all").split(",")
 CASES += [(name, "data_parallel", (2,)) for name in sorted(MODELS)
           if (name in _DATA_PARALLEL_ASKED or "all" in _DATA_PARALLEL_ASKED)
           and (name, "data_parallel", (2,)) not in CASES]

@@ -16,7 +16,7 @@ not): the kernel then writes the layout DTensor declares. Values are unchanged; 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Tuple
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
@@ -36,30 +36,21 @@ def install(patches: PatchRecorder) -> None:
 def _with_contiguous_gradient(original: Any) -> Any:
     @functools.wraps(original)
     def activation(x: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
         from torch.distributed.tensor import DTensor
 
         result = original(x, *args, **kwargs)
-        if isinstance(result, DTensor) and result.requires_grad:
-            return _contiguous_gradient().apply(result)
+        # the activation's backward node is hooked, not the tensor: a model may change the result in place, which a
+        # wrapping autograd function would forbid
+        if isinstance(result, DTensor) and result.grad_fn is not None and not torch.compiler.is_compiling():
+            result.grad_fn.register_prehook(_contiguous)
         return result
 
     return activation
 
 
-@functools.lru_cache(maxsize=None)
-def _contiguous_gradient() -> Any:
-    """The autograd function, made on first use: importing the Keras integration must not import torch."""
-    import torch
-
-    class ContiguousGradient(torch.autograd.Function):
-        """Identity forward; the backward passes the gradient on laid out contiguously."""
-
-        @staticmethod
-        def forward(ctx: Any, tensor: Any) -> Any:
-            return tensor.view_as(tensor)
-
-        @staticmethod
-        def backward(ctx: Any, gradient: Any) -> Any:
-            return gradient.contiguous()
-
-    return ContiguousGradient
+def _contiguous(gradients: Tuple[Any, ...]) -> Any:
+    """The incoming gradient laid out contiguously (None where it already is)."""
+    if gradients[0] is None or gradients[0].is_contiguous():
+        return None
+    return (gradients[0].contiguous(),) + tuple(gradients[1:])

@@ -19,7 +19,8 @@ output was (Mixtral's flattened tokens: split over "batch" forward, over "batch"
 reshape back can fail, and on a 2-D mesh with both axes on one dimension DTensor accepts it and computes a wrong local
 shape ("shape '[1, 8, 16]' is invalid for input of size 64": ``repros/torch_view_two_axes_one_dim.py``). So the
 gradient of a reshaped DTensor is laid out on those mesh axes as the forward output was before it is reshaped back
-(an all-gather of the gradient there; none where it already is).
+(an all-gather of the gradient there; none where it already is). In eager steps only: under ``torch.compile`` the
+backward is traced, not hooked.
 """
 
 from __future__ import annotations
@@ -70,42 +71,34 @@ def _gathering_where_refused(original: Any) -> Any:
 
 
 def _gradient_split_as_forward(x: Any, result: Any) -> Any:
+    """Hook the reshape's backward node (not the tensor: the model may change the result in place, which a wrapping
+    autograd function would forbid and after which a tensor hook no longer fires) to lay its gradient out first."""
+    import torch
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(result, DTensor) or not result.requires_grad or not isinstance(x, DTensor):
+    if (not isinstance(result, DTensor) or not isinstance(x, DTensor) or result.grad_fn is None
+            or torch.compiler.is_compiling()):
         return result
     changed = _changed_dims(tuple(result.shape), tuple(x.shape))
-    if not changed:
-        return result
-    return _settle_gradient().apply(result, tuple(result.placements), changed)
+    if changed:
+        result.grad_fn.register_prehook(functools.partial(_laid_out_as_forward, tuple(result.placements), changed))
+    return result
 
 
-@functools.lru_cache(maxsize=None)
-def _settle_gradient() -> Any:
-    """The autograd function, made on first use: importing the Keras integration must not import torch."""
-    import torch
-    from torch.distributed.tensor import Replicate
+def _laid_out_as_forward(placements: Tuple[Any, ...], changed: range, gradients: Tuple[Any, ...]) -> Any:
+    """The gradient, laid out as the forward output was on each mesh axis where it is split along a dimension the
+    reshape changed and the forward output was not split so (None: as it is)."""
+    from torch.distributed.tensor import DTensor, Replicate
 
-    class GradientSplitAsForward(torch.autograd.Function):
-        """Identity forward; the backward lays the gradient out as the forward output was, on each mesh axis where
-        the gradient is split along a dimension the reshape changed and the forward output was not split so."""
-
-        @staticmethod
-        def forward(ctx: Any, tensor: Any, placements: Tuple[Any, ...], changed: range) -> Any:
-            ctx.placements, ctx.changed = placements, changed
-            return tensor.view_as(tensor)
-
-        @staticmethod
-        def backward(ctx: Any, gradient: Any) -> Any:
-            wanted = tuple(
-                (forward if forward.is_shard() else Replicate())
-                if arrived.is_shard() and arrived.dim in ctx.changed and arrived != forward else arrived
-                for arrived, forward in zip(gradient.placements, ctx.placements))
-            if wanted != tuple(gradient.placements):
-                gradient = gradient.redistribute(gradient.device_mesh, wanted)
-            return gradient, None, None
-
-    return GradientSplitAsForward
+    gradient = gradients[0]
+    if not isinstance(gradient, DTensor) or len(gradient.placements) != len(placements):
+        return None
+    wanted = tuple((forward if forward.is_shard() else Replicate())
+                   if arrived.is_shard() and arrived.dim in changed and arrived != forward else arrived
+                   for arrived, forward in zip(gradient.placements, placements))
+    if wanted == tuple(gradient.placements):
+        return None
+    return (gradient.redistribute(gradient.device_mesh, wanted),) + tuple(gradients[1:])
 
 
 def _changed_dims(shape: Sequence[int], other: Sequence[int]) -> range:
