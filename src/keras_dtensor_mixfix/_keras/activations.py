@@ -42,7 +42,7 @@ def _with_contiguous_gradient(original: Any) -> Any:
         result = original(x, *args, **kwargs)
         # the activation's backward node is hooked, not the tensor: a model may change the result in place, which a
         # wrapping autograd function would forbid
-        if isinstance(result, DTensor) and result.grad_fn is not None and not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and isinstance(result, DTensor) and result.grad_fn is not None:
             result.grad_fn.register_prehook(_contiguous)
         return result
 

@@ -76,8 +76,8 @@ def _gradient_split_as_forward(x: Any, result: Any) -> Any:
     import torch
     from torch.distributed.tensor import DTensor
 
-    if (not isinstance(result, DTensor) or not isinstance(x, DTensor) or result.grad_fn is None
-            or torch.compiler.is_compiling()):
+    if (torch.compiler.is_compiling() or not isinstance(result, DTensor) or not isinstance(x, DTensor)
+            or result.grad_fn is None):
         return result
     changed = _changed_dims(tuple(result.shape), tuple(x.shape))
     if changed:
