@@ -196,7 +196,7 @@ def test_reshape_of_an_activation_gradient_laid_out_transposed():
     _run_repro(torch_activation_backward_strides.repro, "RuntimeError", "view size is not compatible", world_size=2)
 
 
-# seen on 2.13.0 and 2.15.0
+# seen on 2.12.1, 2.13.0 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: DTensor accepts a view unflattening a dim split over both axes of "
                           "a 2-D mesh into a size only the first divides, then fails viewing the pieces; worked around "
