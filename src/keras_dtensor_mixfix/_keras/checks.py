@@ -153,7 +153,8 @@ def check_backend_ops() -> str:
 
     _require(keras_modules.core(), ("convert_to_numpy", "convert_to_tensor", "cast", "get_device", "slice_update"),
              "the torch backend's core")
-    _require(keras_modules.backend_numpy(), ("take", "einsum", "repeat", "reshape", "min", "max", "all", "any") + ARG_REDUCTIONS,
+    _require(keras_modules.backend_numpy(),
+             ("take", "einsum", "repeat", "reshape", "min", "max", "all", "any") + ARG_REDUCTIONS,
              "the torch backend's numpy")
     _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy",
                                           "conv", "conv_transpose") + ACTIVATIONS,

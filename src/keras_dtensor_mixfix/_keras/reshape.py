@@ -143,7 +143,7 @@ def _warn_once(x: Any, target: Tuple[int, ...], gathered: Tuple[Any, ...]) -> No
     log.warning(
         "keras_dtensor_mixfix: reshape of a DTensor of shape %s, placements %s on mesh %s to %s: DTensor cannot "
         "keep that split in the new shape, so the reshaped dimensions are gathered first (placements %s) each time "
-        "such a reshape runs. Values are unchanged; to save the gather, lay out the weight that produces it so that the "
-        "split dimension's first factor divides its mesh axis (for grouped-query attention: split the query heads "
-        "only over as many ranks as there are key/value heads, or leave them whole)",
+        "such a reshape runs. Values are unchanged. To save the gather, lay out the weight that produces it whole "
+        "along that dimension, or split it over a number of ranks that divides the new shape's first factor there "
+        "(grouped-query attention: the number of key/value heads)",
         tuple(x.shape), tuple(x.placements), x.device_mesh, target, gathered)
