@@ -25,6 +25,7 @@ ModelParallel meshes (8 ranks: slow, documented in docs/keras.md, not in CI).
 
 from __future__ import annotations
 
+import inspect
 import os
 import traceback
 
@@ -189,8 +190,10 @@ def _causal_lm(name, optimizer="adam", per_process_losses=False):
         # experts), which does not split into per-row terms: under DistributedDataParallel (Keras 3.16's
         # DataParallel) each process computes it over its own rows, so training differs from one process
         # (Qwen MoE, 2 ranks, measured: trained weights 9e-4 apart). That is DDP's meaning, not an error; the
-        # comparison with one process is made without that loss (then 1e-8 apart).
-        config = dict(config, router_aux_loss_coefficient=0.0)
+        # comparison with one process is made without that loss (then 1e-8 apart). Mixtral names it
+        # router_aux_loss_coef (its losses 5e-3 apart with it).
+        parameters = inspect.signature(getattr(keras_hub.models, backbone_name).__init__).parameters
+        config = dict(config, **{name: 0.0 for name in parameters if name.startswith("router_aux_loss_coef")})
     keras.utils.set_random_seed(0)
     backbone = getattr(keras_hub.models, backbone_name)(**config)
     lm = getattr(keras_hub.models, lm_name)(backbone=backbone, preprocessor=None)
