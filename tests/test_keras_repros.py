@@ -17,6 +17,7 @@ pytest.importorskip("keras", reason="the Keras repros need Keras")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
 
+import keras_duplicate_path_not_a_torch_parameter  # noqa: E402
 import keras_layer_compile_region_reuse  # noqa: E402
 import keras_ops_fullgraph  # noqa: E402
 
@@ -45,3 +46,11 @@ def _torch_release():
     "Keras' Layer.__call__ has side effects, so TorchDynamo (2.13 and later) traces a marked layer at every call"))
 def test_a_repeated_keras_layer_is_compiled_once():
     keras_layer_compile_region_reuse.repro()
+
+
+# seen on Keras 3.12.4, 3.15.1 and keras-nightly 3.16.0.dev2026102704
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "Keras' torch backend keys a layer's parameters by path: of two variables with one path, one is no torch parameter "
+    "(Keras 3.16's DataParallel, DistributedDataParallel, then never reduces its gradient: keras_hub SmolLM3)"))
+def test_every_trainable_variable_is_a_torch_parameter_of_the_model():
+    keras_duplicate_path_not_a_torch_parameter.repro()
