@@ -9,6 +9,13 @@ alone too. Such a model is left unwrapped: DTensor already keeps its shards cons
 its gradients, so DDP has nothing to add. Its inputs are then plain tensors, which promotion takes
 as the same on every process (one warning per model says so: DDP would have taken each process's
 batch as its own).
+
+A model that is wrapped may hold trainable variables DDP does not see: Keras registers a layer's
+variables as torch parameters keyed by path, and of two variables with one path (keras_hub's SmolLM3
+builds every block's ``o_proj`` outside its block's name scope) only one is in ``model.parameters()``
+(``repros/keras_duplicate_path_not_a_torch_parameter.py``). DDP reduces only those, so the others
+would train on each process's rows alone and drift apart. Their gradients are averaged over DDP's
+process group here, as DDP averages its own, by a hook on each such parameter.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ def install(patches: PatchRecorder) -> bool:
                             "same inputs. To give each process its own batch, set the distribution it was built "
                             "under again (keras.distribution.set_distribution(...)).", getattr(self, "name", self))
             return None
-        return original(self)
+        result = original(self)
+        _average_what_ddp_misses(self)
+        return result
 
     patches.set(trainer_class, "_initialize_ddp", _initialize_ddp)
     return True
@@ -48,3 +57,32 @@ def holds_dtensor_parameters(model: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def _average_what_ddp_misses(model: Any) -> None:
+    import functools
+
+    ddp = getattr(model, "ddp_model", None)
+    if ddp is None or getattr(model, "_keras_dtensor_mixfix_ddp_completed", False):
+        return
+    object.__setattr__(model, "_keras_dtensor_mixfix_ddp_completed", True)
+    seen = {id(parameter) for parameter in ddp.module.parameters()}
+    missed = [variable for variable in model.trainable_variables
+              if getattr(variable.value, "requires_grad", False) and id(variable.value) not in seen]
+    for variable in missed:
+        variable.value.register_hook(functools.partial(_averaged, ddp.process_group))
+    if missed:
+        log.info("keras_dtensor_mixfix: %d trainable variables of %r are not torch parameters of the model (%s), so "
+                 "DistributedDataParallel does not reduce them; their gradients are averaged over its process group",
+                 len(missed), getattr(model, "name", model), ", ".join(sorted({v.path for v in missed})))
+
+
+def _averaged(group: Any, gradient: Any) -> Any:
+    """The gradient averaged over ``group`` (None, leaving it as it is, once the group is gone)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    averaged = gradient.clone()
+    dist.all_reduce(averaged, group=group)
+    return averaged.div_(dist.get_world_size(group))
