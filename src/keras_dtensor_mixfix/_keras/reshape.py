@@ -38,6 +38,11 @@ log = logging.getLogger("keras_dtensor_mixfix")
 
 _warned: List[bool] = []
 
+#: How DTensor's refusals in planning an op begin their second part (torch 2.12 to 2.15). Only such a refusal is
+#: retried: every rank raises it alike, before any collective or local compute, so every rank retries; a failure in
+#: the local compute may come on some ranks only, and a retry there would leave the others waiting in its gather.
+_PLANNING_REFUSED = "Sharding propagation failed"
+
 
 def install(patches: PatchRecorder) -> None:
     original = keras_modules.backend_numpy().reshape
@@ -52,7 +57,7 @@ def _gathering_where_refused(original: Any) -> Any:
         except RuntimeError as refused:
             from torch.distributed.tensor import DTensor
 
-            if not isinstance(x, DTensor):
+            if not isinstance(x, DTensor) or _PLANNING_REFUSED not in str(refused):
                 raise
             target = _resolved(tuple(x.shape), newshape)
             if target is None:  # not a shape this tensor can take: DTensor's error is the right one
