@@ -713,7 +713,8 @@ def test_attention_output_of_head_split_operands_reshapes_like_single_process(me
 
 def activation_read_transposed(name, leaf, in_place):
     """Keras activation ``name`` of ``leaf`` (rows, features) reshaped to (batch, length, features) (scaled in place
-    if ``in_place``, as a model may), read back transposed, with a weighted sum's gradient taken into ``leaf.grad``: the detached output."""
+    if ``in_place``, as a model may), read back transposed, with a weighted sum's gradient taken into ``leaf.grad``:
+    the detached output."""
     import keras
     import torch
 

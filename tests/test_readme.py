@@ -81,9 +81,10 @@ SKIPPED = {
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
     # installs keras-hub, its tokenizers and jax (the network), then the real-model tests
     "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
-    # Qwen3.5's derived maps on (2, 2) (~14 minutes on 2 cores; CI runs the other cells)
+    # Qwen3.5's derived maps on (2, 2) (Qwen3.5's alone 409 s on 2 cores; CI runs the other cells)
     'KERAS_BACKEND=torch python -m pytest tests/test_keras_hub.py -k "qwen3_5 and derived and 2x2"',
-    # 8 ranks of every keras_hub model but Qwen3.5 (~15 minutes on 2 cores), and a recipe for two machines
+    # 8 ranks of every keras_hub model but Qwen3.5 (its derived cases alone 721 s on 2 cores), and a recipe for two
+    # machines
     'KERAS_BACKEND=torch MIXFIX_TEST_MESHES=2x4,4x2 python -m pytest tests/test_keras_hub.py -k "(2x4 or 4x2) and not '
     'qwen3_5"',
     "# on the first machine (its address: MASTER), then the same with --node-rank 1 on the second",

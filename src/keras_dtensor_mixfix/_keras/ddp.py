@@ -20,6 +20,7 @@ process group here, as DDP averages its own, by a hook on each such parameter.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -60,8 +61,6 @@ def holds_dtensor_parameters(model: Any) -> bool:
 
 
 def _average_what_ddp_misses(model: Any) -> None:
-    import functools
-
     ddp = getattr(model, "ddp_model", None)
     if ddp is None or getattr(model, "_keras_dtensor_mixfix_ddp_completed", False):
         return
