@@ -12,7 +12,7 @@ so TorchDynamo throws the frame away and traces again from the frames inside it;
 keras_hub step (the accuracy metric's argmax over vocabulary-split logits, and the same offset read in
 our vocabulary-parallel loss) each such break retraced the model. ``_keras/sharded_ops.py``
 (``winner_across_pieces``) gathers each piece's winner instead while compiling, and
-``_keras/layouts.py`` (``first_index_here``) computes the offset in Python integers.
+``_keras/local_pieces.py`` (``first_index_here``) computes the offset in Python integers.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dtensor_argmax_compiled.py``
 (exits 1 while the limitation is there); ``tests/test_torch_repros.py`` runs it as an expected failure.

@@ -22,8 +22,9 @@ from .._rules.errors import InvalidArgumentError
 from . import keras_modules
 from .rank_zero_gather import from_rank_zero
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
-from .layouts import (DTensorLayout, TorchLayout, dtensor_from_piece, fit_placements, is_symbolic,  # noqa: F401
+from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic,  # noqa: F401
                       placements_for, relayout)
+from .local_pieces import from_pieces
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -239,7 +240,7 @@ def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tup
         local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
         if local.numel():
             dist.recv(local, src=0)
-    parameter = torch.nn.Parameter(dtensor_from_piece(local, mesh, list(placements), shape), requires_grad=trainable)
+    parameter = torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
     lay_out_gradient_like(parameter)
     return parameter
 

@@ -1,8 +1,7 @@
 """Keras layouts as DTensor layouts: a mesh and one placement per mesh dim, and moving tensors to them.
 
 What the torch ``distribution_lib`` (:mod:`.distribution_lib`) builds from a Keras ``TensorLayout``,
-and what the integration's ops (:mod:`.sharded_ops`, :mod:`.vocab_parallel_loss`) use to put a
-tensor where a layout says. Only torch is imported here, never Keras.
+and what the integration's ops (:mod:`.local_pieces`) use to put a tensor where a layout says. Only torch is imported here, never Keras.
 """
 
 from __future__ import annotations
@@ -98,34 +97,3 @@ def relayout(tensor: Any, layout: TorchLayout) -> Any:
     # A plain tensor is the same whole value on every rank: slice locally, differentiably.
     replicated = DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
     return replicated.redistribute(mesh, placements)
-
-
-def first_index_here(length: int, mesh: Any, mesh_dim: int) -> int:
-    """Where this rank's piece starts in a dim of ``length`` split by a plain ``Shard`` over ``mesh_dim``.
-
-    ``torch.chunk``'s split, as DTensor's ``Shard`` makes it: pieces of ``ceil(length / ranks)``, the
-    last ones short or empty. In Python integers: torch's own ``compute_local_shape_and_global_offset``
-    reads the offset out of a tensor (``int(offsets[0])``, torch 2.13), which breaks TorchDynamo's graph,
-    and inside Keras' ``name_scope`` such a break sends the whole frame back to be traced again.
-    """
-    piece = -(-length // mesh.size(mesh_dim))
-    return min(mesh.get_local_rank(mesh_dim) * piece, length)
-
-
-def dtensor_from_piece(local: torch.Tensor, mesh: Any, placements: Sequence[Any], shape: Sequence[int]) -> Any:
-    """``local``, this rank's piece of a contiguous tensor of global ``shape``, as a DTensor with ``placements``.
-
-    DTensor's differentiable ``from_local``, told the global shape and stride (no check, no communication),
-    so uneven pieces and partial sums need no collective to find them. A piece laid out otherwise (torch's
-    attention returns a transposed view) is made contiguous first: the declared stride says contiguous, and DTensor
-    lowers a reshape it believes a view to ``view`` on the piece, which refuses a non-contiguous one (keras_hub's
-    GPT-NeoX failed so reshaping its attention output).
-    """
-    from torch.distributed.tensor import DTensor
-
-    from .._engine.construct import contiguous_stride
-
-    shape = torch.Size(shape)
-    if not local.is_contiguous():
-        local = local.contiguous()
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=contiguous_stride(shape))

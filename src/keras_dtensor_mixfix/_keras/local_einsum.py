@@ -24,8 +24,8 @@ operand's gradient (a partial sum over the batch pieces) is reduced and scattere
 layout.
 
 Anything else (a plain operand, ``...``, a repeated label, a label sharded on several mesh dims,
-strided shards, other partial reductions) goes to DTensor as before. The pieces come out through
-``to_local`` and go back through ``from_local``, both differentiable, so backward is local too;
+strided shards, other partial reductions) goes to DTensor as before. The pieces come out and go back
+through :mod:`.local_pieces` (``to_local`` and ``from_local``, both differentiable), so backward is local too;
 the gradient of an operand that was whole where the work was split is a partial sum
 (``gradient_placements``), reduced where it meets the rest of the gradient, as in tensor-parallel
 training.
@@ -43,6 +43,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .local_pieces import from_pieces, piece
 from .patches import rebind_everywhere
 
 
@@ -202,20 +203,19 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
         return None
     inputs, output = parsed
     shapes = [o.shape for o in operands]
-    placements = plan(inputs, output, shapes, [o.placements for o in operands])
+    lined: Optional[Sequence[Sequence[Any]]] = [tuple(o.placements) for o in operands]
+    placements = plan(inputs, output, shapes, lined)
     if placements is None:
-        lined = line_up(inputs, output, [o.placements for o in operands])
+        lined = line_up(inputs, output, lined)
         placements = None if lined is None else plan(inputs, output, shapes, lined)
-        if placements is None:
+        if placements is None or lined is None:
             return None
-        operands = [o if tuple(o.placements) == wanted else o.redistribute(mesh, wanted)
-                    for o, wanted in zip(operands, lined)]
-    pieces = [o.to_local(grad_placements=gradient_placements(o.placements, placements)) for o in operands]
+    pieces = [piece(o, mesh, wanted, gradient=gradient_placements(wanted, placements))
+              for o, wanted in zip(operands, lined)]
     local = original(subscripts, *pieces, **kwargs)
     sizes = label_sizes(inputs, shapes)  # not None: plan() checked the labels against the dims
     shape = torch.Size(max(sizes[label]) for label in output)  # a size-1 dim broadcasts
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
-                              stride=_global_stride(local, shape))
+    return from_pieces(local, mesh, placements, shape, stride=_global_stride(local, shape))
 
 
 def _global_stride(local: Any, shape: Any) -> Tuple[int, ...]:

@@ -47,6 +47,7 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .local_pieces import first_index_here, from_pieces, gathered, piece
 from .patches import rebind_everywhere
 
 
@@ -129,8 +130,6 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from .layouts import dtensor_from_piece, first_index_here
-
     if not torch.compiler.is_compiling() or not isinstance(table, DTensor) or table.ndim != 2:
         return None
     mesh = table.device_mesh
@@ -141,10 +140,9 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
         if indices.device_mesh != mesh:
             return None
         ids_placements = tuple(indices.placements)
-        local_ids = indices.to_local()
     else:
         ids_placements = (Replicate(),) * mesh.ndim
-        local_ids = indices
+    local_ids = piece(indices, mesh, ids_placements)
     # the result's placements, and the table gradient's: where the ids are split by rows, each rank's
     # rows add their share of the table's gradient, a partial sum over that mesh dim
     placements, gradient_placements = [], list(table.placements)
@@ -162,13 +160,13 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
             return None
     vocabulary = table.shape[0]
     start = first_index_here(vocabulary, mesh, vocabulary_dims[0])
-    local_table = table.to_local(grad_placements=gradient_placements)
+    local_table = piece(table, mesh, table.placements, gradient=gradient_placements)
     local_ids = local_ids.long()
     local_ids = torch.where(local_ids < 0, local_ids + vocabulary, local_ids)  # Keras' take: "fill" mode
     here = (local_ids >= start) & (local_ids < start + local_table.shape[0])
     rows = torch.nn.functional.embedding(torch.where(here, local_ids - start, 0), local_table)
     rows = torch.where(here.unsqueeze(-1), rows, 0)
-    looked_up = dtensor_from_piece(rows, mesh, placements, (*indices.shape, table.shape[1]))
+    looked_up = from_pieces(rows, mesh, placements, (*indices.shape, table.shape[1]))
     settled = [Replicate() if isinstance(p, Partial) else p for p in placements]
     return looked_up.redistribute(mesh, settled)
 
@@ -281,8 +279,6 @@ def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -
     import torch
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from .layouts import dtensor_from_piece, first_index_here
-
     if (axis is None or not torch.compiler.is_compiling() or not isinstance(value, DTensor)
             or not value.dtype.is_floating_point or value.ndim == 0):
         return None
@@ -292,7 +288,7 @@ def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -
             or not all(isinstance(p, (Shard, Replicate)) for p in value.placements)):
         return None
     mesh, pieces_dim = value.device_mesh, split[0]
-    local = value.to_local().detach()
+    local = piece(value, mesh, value.placements).detach()
     if local.shape[axis]:
         best, index = (local.max if largest else local.min)(dim=axis, keepdim=True)
     else:  # an empty last piece (uneven split): it never wins
@@ -300,31 +296,15 @@ def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -
         best = local.new_full(shape, float("-inf") if largest else float("inf"))
         index = torch.zeros(shape, dtype=torch.int64, device=local.device)
     index = index + first_index_here(value.shape[axis], mesh, pieces_dim)
-    gathered = [_gathered_over(piece, value, pieces_dim, axis) for piece in (best, index)]
-    winner = (gathered[0].argmax if largest else gathered[0].argmin)(dim=axis, keepdim=True)
-    found = gathered[1].gather(axis, winner)
+    best, index = (gathered(part, mesh, pieces_dim, axis, value.placements, value.shape) for part in (best, index))
+    winner = (best.argmax if largest else best.argmin)(dim=axis, keepdim=True)
+    found = index.gather(axis, winner)
     if not keepdims:
         found = found.squeeze(axis)
     placements = [Replicate() if mesh_dim == pieces_dim or isinstance(p, Replicate)
                   else Shard(p.dim - (p.dim > axis and not keepdims)) for mesh_dim, p in enumerate(value.placements)]
     shape = torch.Size(1 if dim == axis else size for dim, size in enumerate(value.shape) if keepdims or dim != axis)
-    return dtensor_from_piece(found.to(torch.int32), mesh, placements, shape)
-
-
-def _gathered_over(piece: Any, like: Any, mesh_dim: int, axis: int) -> Any:
-    """This rank's ``piece`` (size 1 along ``axis``) beside every other rank's over ``mesh_dim``, in rank
-    order, as a local tensor: the other mesh dims keep ``like``'s placements."""
-    import torch
-    from torch.distributed.tensor import Replicate, Shard
-
-    from .layouts import dtensor_from_piece
-
-    ranks = like.device_mesh.size(mesh_dim)
-    placements = [Shard(axis) if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
-    shape = torch.Size(ranks if dim == axis else size for dim, size in enumerate(like.shape))
-    spread = dtensor_from_piece(piece, like.device_mesh, placements, shape)
-    whole = [Replicate() if dim == mesh_dim else p for dim, p in enumerate(like.placements)]
-    return spread.redistribute(like.device_mesh, whole).to_local()
+    return from_pieces(found.to(torch.int32), mesh, placements, shape)
 
 
 def whole_along(value: Any, axis: Any) -> Any:
@@ -369,8 +349,6 @@ def _local_attention(original: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor
 
-        from .layouts import dtensor_from_piece
-
         peer = next((t for t in (query, key, value) if isinstance(t, DTensor)), None)
         if peer is None or not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
             return original(query, key, value, bias, mask, *args, **kwargs)
@@ -383,8 +361,7 @@ def _local_attention(original: Any) -> Any:
         if flash_position is not None and torch.compiler.is_compiling() and local[0].device.type != "cuda":
             args, kwargs = _flash_attention_off(args, kwargs, flash_position)
         out = original(*local, extra[0], extra[1], *args, **kwargs)
-        return dtensor_from_piece(out, mesh, placements, (query.shape[0], query.shape[1], query.shape[2],
-                                                          value.shape[3]))
+        return from_pieces(out, mesh, placements, (query.shape[0], query.shape[1], query.shape[2], value.shape[3]))
 
     return dot_product_attention
 
@@ -421,16 +398,14 @@ def _local_one_hot(original: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
-        from .layouts import dtensor_from_piece
-
         if not (torch.compiler.is_compiling() and isinstance(x, DTensor)
                 and all(type(p) is Shard or isinstance(p, Replicate) for p in x.placements)):
             return original(x, num_classes, axis, *args, **kwargs)
-        encoded = original(x.to_local(), num_classes, axis, *args, **kwargs)
+        encoded = original(piece(x, x.device_mesh, x.placements), num_classes, axis, *args, **kwargs)
         class_dim = axis % encoded.ndim
         placements = [Shard(p.dim + (p.dim >= class_dim)) if isinstance(p, Shard) else p for p in x.placements]
         shape = torch.Size((*x.shape[:class_dim], encoded.shape[class_dim], *x.shape[class_dim:]))
-        return dtensor_from_piece(encoded, x.device_mesh, placements, shape)
+        return from_pieces(encoded, x.device_mesh, placements, shape)
 
     return one_hot
 
@@ -456,9 +431,7 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
     """This rank's piece of ``tensor`` under ``placements`` (dims mapped through ``dims``; a dim of
     size 1, or one the tensor lacks, broadcasts and stays whole); differentiable."""
     import torch
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    from .layouts import TorchLayout, relayout
+    from torch.distributed.tensor import Replicate, Shard
 
     if not isinstance(tensor, torch.Tensor):
         return tensor
@@ -471,7 +444,4 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
                 own.append(Shard(dim))
                 continue
         own.append(Replicate())
-    piece = relayout(tensor, TorchLayout(mesh, tuple(own)))
-    # isinstance, not hasattr(piece, "to_local"): TorchDynamo (torch 2.13) answers that hasattr False for a
-    # DTensor, so under jit_compile the pieces stayed whole DTensors and Keras' attention ran on them
-    return piece.to_local() if isinstance(piece, DTensor) else piece
+    return piece(tensor, mesh, own)

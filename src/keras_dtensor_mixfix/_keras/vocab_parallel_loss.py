@@ -28,6 +28,7 @@ from typing import Any, Optional, Tuple
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .local_pieces import first_index_here, from_pieces, piece, reduced
 from .patches import rebind_everywhere
 
 
@@ -79,15 +80,14 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     tensor of class indices, plain or a DTensor); a DTensor
     replicated on ``vocab_mesh_dim`` and split like ``logits``' rows on the other mesh dims.
 
-    Written with DTensor's differentiable ``to_local``/``from_local``/``redistribute`` around local
-    ops, so autograd derives the backward (local: the reduced sums come back whole on every rank, and
+    Written with :mod:`.local_pieces` (DTensor's differentiable ``to_local``/``from_local``/``redistribute``)
+    around local ops, so autograd derives the backward (local: the reduced sums come back whole on every rank, and
     DTensor keeps a replicated gradient replicated where it meets a partial sum) and TorchDynamo
     traces it (the two reductions become functional all-reduces in the compiled graph).
     """
     import torch
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard
 
-    from .layouts import TorchLayout, dtensor_from_piece, first_index_here, relayout
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh = logits.device_mesh
@@ -98,8 +98,7 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     row_shape = tuple(logits.shape[:class_dim]) + tuple(logits.shape[class_dim + 1:])
     if target.ndim == logits.ndim:
         target = target.squeeze(class_dim)
-    target = relayout(target, TorchLayout(mesh, row_placements))  # this rank's rows, no gradient
-    own = (target.to_local() if isinstance(target, DTensor) else target).to(torch.int64)
+    own = piece(target, mesh, row_placements).to(torch.int64)  # this rank's rows, no gradient
     if type(logits.placements[vocab_mesh_dim]) is Shard:
         first_class = first_index_here(logits.shape[class_dim], mesh, vocab_mesh_dim)
     else:  # a strided shard: torch's reading (a graph break when compiled)
@@ -108,12 +107,10 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
 
     def reduced_over_classes(local: Any, reduce_op: str) -> Any:
         """``local`` (this rank's rows, a value per row and trailing dims) reduced over the class pieces."""
-        placements = [Partial(reduce_op) if mesh_dim == vocab_mesh_dim else p for mesh_dim, p in enumerate(row_placements)]
-        shape = torch.Size(row_shape + tuple(local.shape[len(row_shape):]))
-        partial = dtensor_from_piece(local, mesh, placements, shape)
-        return partial.redistribute(mesh, row_placements).to_local()
+        return reduced(local, mesh, vocab_mesh_dim, reduce_op, row_placements,
+                       row_shape + tuple(local.shape[len(row_shape):]))
 
-    local = logits.to_local()
+    local = piece(logits, mesh, logits.placements)
     # half precisions: the exponentials and their sum in float32, as F.cross_entropy accumulates
     work = local.float() if local.dtype in (torch.float16, torch.bfloat16) else local
     work = work.movedim(class_dim, -1)
@@ -133,4 +130,4 @@ def vocab_parallel_cross_entropy(target: Any, logits: Any, class_dim: int, vocab
     sums = reduced_over_classes(torch.stack([shifted.exp().sum(dim=-1), torch.where(held, picked, 0.0)], dim=-1),
                                 "sum")
     loss = (sums[..., 0].log() - sums[..., 1]).to(local.dtype)
-    return dtensor_from_piece(loss, mesh, row_placements, row_shape)
+    return from_pieces(loss, mesh, row_placements, row_shape)
