@@ -39,7 +39,8 @@ def install(patches: PatchRecorder) -> bool:
 
     def _initialize_ddp(self: Any) -> Any:
         if getattr(self, "ddp_model", None) is None and holds_dtensor_parameters(self):
-            if not getattr(self, "_keras_dtensor_mixfix_ddp_warned", False):
+            # under a distribution (ModelParallel) Keras makes no DDP either: nothing to say
+            if keras_modules.distribution() is None and not getattr(self, "_keras_dtensor_mixfix_ddp_warned", False):
                 object.__setattr__(self, "_keras_dtensor_mixfix_ddp_warned", True)
                 log.warning("keras_dtensor_mixfix: model %r holds sharded (DTensor) weights and no distribution is "
                             "set: it is not wrapped in DistributedDataParallel, and every process must feed it the "
