@@ -153,6 +153,13 @@ DERIVED_SHAPES = ((1, 2), (2, 2)) + tuple(shape for mode, shape in LAYOUTS[4:]) 
 DERIVED_MODELS = (sorted(MODELS) if "MIXFIX_TEST_DERIVED_MODELS" not in os.environ
                   else [name for name in os.environ["MIXFIX_TEST_DERIVED_MODELS"].split(",") if name in MODELS])
 CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES]
+# The same with jit_compile=True ("compiled" cases: each distinct decoder block compiled once, the rest eager, or the
+# whole step where a model has no repeated block), against the same eager one process: a subset by default (a compiled
+# case costs 10 to 90 s of TorchDynamo and inductor on 2 cores); MIXFIX_TEST_COMPILED_MODELS=all runs every model
+# (docs/keras.md), on (1, 2) and (2, 2)
+_COMPILED_ASKED = os.environ.get("MIXFIX_TEST_COMPILED_MODELS", "gemma,llama3,mixtral,qwen3_moe").split(",")
+COMPILED_MODELS = [name for name in sorted(MODELS) if name in _COMPILED_ASKED or "all" in _COMPILED_ASKED]
+CASES += [(name, "compiled", shape) for name in COMPILED_MODELS for shape in ((1, 2), (2, 2))]
 # DataParallel on 2 ranks for the models beyond keras_hub's six (which run it on 4 as well, above): the environment
 # variable names a subset ("all", or unset: every one)
 _DATA_PARALLEL_ASKED = os.environ.get("MIXFIX_TEST_DATA_PARALLEL_MODELS", "all").split(",")
@@ -181,7 +188,7 @@ def _batch():
     return ids, mask, prompt_mask
 
 
-def _causal_lm(name, optimizer="adam", per_process_losses=False):
+def _causal_lm(name, optimizer="adam", per_process_losses=False, jit_compile=False):
     import keras
 
     backbone_name, lm_name, config = MODELS[name]
@@ -202,7 +209,8 @@ def _causal_lm(name, optimizer="adam", per_process_losses=False):
     # (measured on Gemma: trained weights 6e-5 apart with 1e-7, 4e-7 with SGD)
     adam = keras.optimizers.Adam(0.01, epsilon=1e-4)
     lm.compile(optimizer=adam if optimizer == "adam" else keras.optimizers.SGD(0.5),
-               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), sampler="greedy")
+               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), sampler="greedy",
+               jit_compile=jit_compile)
     return lm
 
 
@@ -289,7 +297,7 @@ def _distribution(name, mode, mesh_shape):
         distribution = keras.distribution.DataParallel()
     else:
         mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
-        if mode == "derived":
+        if mode in ("derived", "compiled"):
             from keras_dtensor_mixfix.layouts import layout_map_for
 
             backbone_name, _, config = MODELS[name]
@@ -340,16 +348,20 @@ def _keras_has_own_torch_distribution():
 
 
 def distributed_case(name, mode, mesh_shape, optimizer="adam"):
-    """One model under one distribution on this rank: ``_run``'s values and the weights' placements."""
+    """One model under one distribution on this rank: ``_run``'s values and the weights' placements (and, compiled,
+    the layers compiled once for all their kind)."""
     import keras
     from torch.distributed.tensor import DTensor
 
+    from keras_dtensor_mixfix._keras import layer_compile
+
     try:
         keras.distribution.set_distribution(_distribution(name, mode, mesh_shape))
-        lm = _causal_lm(name, optimizer, _per_process_losses(mode))
+        lm = _causal_lm(name, optimizer, _per_process_losses(mode), jit_compile=mode == "compiled")
         out = _run(lm, rows=_own_rows(mode, mesh_shape))
+        out["compiled_groups"] = [[layer.name for layer in group] for group in layer_compile.repeated_groups(lm)]
         # pairs, not a dict: two variables may share a path (SmolLM3 builds its o_proj outside the layer's scope)
-        if mode == "derived":  # what the derivation asked for, read in a fresh session (other layer names)
+        if mode in ("derived", "compiled"):  # what the derivation asked for, read in a fresh session (other layer names)
             from keras_dtensor_mixfix.layouts import derive_layouts
 
             mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
@@ -360,6 +372,10 @@ def distributed_case(name, mode, mesh_shape, optimizer="adam"):
     finally:
         keras.distribution.set_distribution(None)
         keras.backend.clear_session()
+        if mode == "compiled":
+            import torch
+
+            torch._dynamo.reset()  # the next model's blocks compile from nothing, as in a fresh process
     return out
 
 
@@ -412,7 +428,12 @@ def _reference(name, per_process_losses=False):
 # apart (22 and 2 of 2048 logits beyond 1e-5; losses, metrics and trained weights within the usual tolerance);
 # Gemma3n on (2, 4) and (4, 2) the same 3.7e-5
 PREDICTION_ATOL = {("gemma3n", (2, 2)): 1e-4, ("gemma4", (2, 2)): 1e-4, ("gemma4_moe", (2, 2)): 1e-4,
-                   ("gemma3n", (2, 4)): 1e-4, ("gemma3n", (4, 2)): 1e-4}
+                   ("gemma3n", (2, 4)): 1e-4, ("gemma3n", (4, 2)): 1e-4,
+                   # compiled: inductor fuses and reorders the same sums (measured 1.3e-5 and 1.7e-5 on (1, 2))
+                   ("gemma3n", "compiled", (1, 2)): 1e-4, ("gemma4", "compiled", (1, 2)): 1e-4}
+# the compiled cases CI runs, each a model of identical decoder blocks: they compile as one
+COMPILED_AS_ONE = {"gemma": "decoder_block", "llama3": "transformer_layer", "mixtral": "transformer_layer",
+                   "qwen3_moe": "transformer_layer"}
 
 
 def _case_param(name, mode, shape):
@@ -427,8 +448,11 @@ def test_causal_lm_equals_single_process(name, mode, shape, request):
         assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
     out = per_rank[0]
     placements = out["placements"]
-    if mode == "derived":
+    if mode in ("derived", "compiled"):
         _check_derived_placements(out, shape)
+    if mode == "compiled" and name in COMPILED_AS_ONE:
+        blocks = [f"{COMPILED_AS_ONE[name]}_{index}" for index in range(MODELS[name][2]["num_layers"])]
+        assert out["compiled_groups"] == [blocks], out["compiled_groups"]
     elif mode.startswith("model_parallel"):
         # sharded along the "model" mesh axis (the last one)
         sharded = sorted(path for path, p in placements if p and p[-1].startswith("S("))
@@ -466,7 +490,8 @@ def test_causal_lm_equals_single_process(name, mode, shape, request):
     assert not all(np.array_equal(got, before) for got, before in zip(out["trained"], out["initial"]))
     for rank, got in enumerate(per_rank):  # each rank's predictions of the rows it fed
         np.testing.assert_allclose(got["predicted"], reference["predicted"][got["rows"]], rtol=1e-5,
-                                   atol=PREDICTION_ATOL.get((name, shape), 1e-5), err_msg=f"rank {rank}")
+                                   atol=PREDICTION_ATOL.get((name, mode, shape), PREDICTION_ATOL.get((name, shape), 1e-5)),
+                                   err_msg=f"rank {rank}")
     np.testing.assert_array_equal(out["generated"], reference["generated"])
     assert out["pipeline"] == reference["pipeline"]
     prompts = _batch()[0] * _batch()[2]

@@ -14,7 +14,9 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
   with logs and predictions returned as plain global tensors;
 - non-tf.data inputs accepted in multi-process runs (each process iterates the global batch
   and keeps its slice; with ``distribution.auto_shard_dataset = False`` each process feeds its own shard);
-- ``jit_compile=True`` under a distribution compiles with Keras' own backend (inductor) and static shapes;
+- ``jit_compile=True`` under a distribution compiles each distinct repeated block once, shared by every block
+  like it, the rest of the step eager (a model with no repeated block: the whole step; :func:`set_compile_unit`),
+  with Keras' own backend (inductor) and static shapes;
 - saving writes files from rank 0 only, which alone assembles each whole weight from the pieces the other ranks
   send; loading reads each rank's own slice of each weight from the h5 file;
 - a large weight the layout map leaves whole on every rank is named in a warning, with a rule that shards it;
@@ -40,14 +42,14 @@ import threading
 from typing import List, Optional
 
 from ._keras import (activations, backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate,
-                     keras_modules, local_einsum, normalization, promotion_mode, reductions, repeat, reshape, saving,
+                     keras_modules, layer_compile, local_einsum, normalization, promotion_mode, reductions, repeat, reshape, saving,
                      sharded_ops, tracebacks, values, variables, vocab_parallel_loss, whole_weights)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
-__all__ = ["install", "uninstall", "is_installed", "report", "UnsupportedKerasError"]
+__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "UnsupportedKerasError"]
 
 
 _lock = threading.RLock()
@@ -64,6 +66,22 @@ def is_installed() -> bool:
 def report() -> List[str]:
     """What ``install()`` added (for ``doctor``)."""
     return list(_report)
+
+
+def set_compile_unit(unit: Optional[str]) -> None:
+    """What ``jit_compile=True`` compiles under a distribution, for models compiled from now on in this process.
+
+    Args:
+        unit: ``"layer"`` (the default): each distinct repeated block of the model (an LLM's decoder blocks) is
+            compiled once and shared by every block like it, the rest of the step runs eagerly; a model with no
+            repeated block compiles its whole step. ``"step"``: the whole step is compiled (one graph per step
+            kind, every block traced and compiled again). None: back to ``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT``'s
+            value (default ``layer``).
+
+    Raises:
+        InvalidArgumentError: ``unit`` is none of those.
+    """
+    layer_compile.set_compile_unit(unit)
 
 
 def install(allow_newer_keras: Optional[bool] = None) -> bool:
@@ -108,6 +126,7 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
             distribute_batches = not keras_modules.native_data_distribution()
             data.install(patches, distribute_batches)
             compile.install(patches)
+            added.append("jit_compile: each distinct repeated block compiled once, or the whole step")
             added.append("trainer: batches distributed on the batch axis; logs and predictions made global"
                          if distribute_batches else "trainer: Keras' own data distribution kept")
             saving.install(patches)
@@ -165,6 +184,7 @@ def uninstall() -> None:
         if _installed is None:
             return
         _installed.restore()
+        layer_compile.uninstall()
         _installed = None
         _report.clear()
         if _patched_here:  # undo only the patch install() made

@@ -183,6 +183,36 @@ def check_layer_call() -> str:
     return "Layer.__call__"
 
 
+def check_layer_compile() -> str:
+    import keras
+
+    class Doubling(keras.layers.Layer):
+        def call(self, x):
+            return 2 * x
+
+    outer = keras.Sequential([keras.layers.Dense(1, name="selfcheck_inner")], name="selfcheck_outer")
+    outer.build((None, 1))
+    tree = keras_modules.layer_tree(outer)
+    if tree[0] is not outer or outer.layers[0] not in tree:
+        raise ValueError(f"_flatten_layers(include_self=True, recursive=True) gives {tree!r}")
+    kernel = outer.layers[0].kernel
+    stored = keras_modules.variable_storage(kernel)
+    keras_modules.set_variable_storage(kernel, stored.detach() * 0)
+    try:
+        if float(keras.ops.sum(kernel.value)) != 0.0:
+            raise ValueError("a Variable does not read the tensor set as its _value")
+    finally:
+        keras_modules.set_variable_storage(kernel, stored)
+    layer = Doubling()
+    object.__setattr__(layer, "call", lambda x: 3 * x)  # what layer_compile does to a member of a group
+    if float(layer(keras.ops.ones(()))) != 3.0:
+        raise ValueError("Layer.__call__ does not call the call found on the instance")
+    _require(keras_modules.seed_generator_class(), ("next",), "SeedGenerator")
+    _require(keras_modules.initializer_class(), ("__call__", "get_config"), "Initializer")
+    return ("_flatten_layers(include_self, recursive); a Variable reads the _value set on it; Layer.__call__ calls "
+            "the instance's call; SeedGenerator (state, next); Initializer")
+
+
 def check_data_and_saving() -> str:
     _require(keras_modules.data_adapters(), ("get_data_adapter", "is_tf_dataset"), "data_adapters")
     saving = keras_modules.saving_lib()
@@ -222,6 +252,8 @@ CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
     KerasCheck("compile_hooks", "3.16's promotion mode and _use_torch_compile; _initialize_ddp", check_compile_hooks),
     KerasCheck("backend_ops", "the torch backend's core/numpy/nn functions the integration rebinds", check_backend_ops),
     KerasCheck("layer_call", "Layer.__call__", check_layer_call),
+    KerasCheck("layer_compile", "_flatten_layers, a Variable's _value, Layer.__call__ calling the instance's call, "
+                                "SeedGenerator, Initializer (compiling repeated blocks once)", check_layer_compile),
     KerasCheck("traceback_filter", "traceback_utils._EXCLUDED_PATHS (the paths Keras' filter hides)",
                check_traceback_filter),
     KerasCheck("data_and_saving", "get_data_adapter, saving_lib's save and load functions and weight stores, "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from . import ddp, keras_modules, promotion_mode
+from . import ddp, keras_modules, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
 from .patches import rebind_everywhere
 
@@ -82,17 +82,30 @@ def static_shapes(trainer: Any) -> bool:
     return keras_modules.distribution() is not None
 
 
-def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, force: bool) -> None:
-    """``original_make(trainer, force=force)``, its ``torch.compile`` asked for static shapes (Keras passes
-    no options: the backend stays Keras' own)."""
+def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, force: bool) -> bool:
+    """``original_make(trainer, force=force)`` for a step compiled under a distribution; returns whether its layers
+    are compiled instead (:mod:`.layer_compile`: the step then stays eager).
+
+    Either way Keras' ``torch.compile`` is asked for static shapes (Keras passes no options: the backend stays
+    Keras' own); compiling per layer, the step's own ``torch.compile`` returns the step as it is.
+    """
     import torch
 
+    per_layer = layer_compile.prepare(trainer)
     real_compile = torch.compile
-    torch.compile = functools.partial(real_compile, dynamic=False)  # type: ignore[assignment]
+    if per_layer:
+        torch.compile = _not_compiled  # type: ignore[assignment]
+    else:
+        torch.compile = functools.partial(real_compile, dynamic=False)  # type: ignore[assignment]
     try:
         original_make(trainer, force=force)
     finally:
         torch.compile = real_compile  # type: ignore[assignment]
+    return per_layer
+
+
+def _not_compiled(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    return function
 
 
 def compiles_sharded_weights(trainer: Any) -> bool:

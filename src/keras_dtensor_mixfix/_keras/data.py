@@ -17,7 +17,7 @@ import functools
 from typing import Any, Callable
 
 from . import compile as compile_step
-from . import keras_modules, promotion_mode
+from . import keras_modules, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
 
 
@@ -37,11 +37,14 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
         if existing is not None and not force:
             return existing
         promotion_mode.sync()  # whether Keras compiles depends on it
+        per_layer = False
         if compile_step.static_shapes(self):
-            compile_step.make_with_static_shapes(original_make, self, force)
+            per_layer = compile_step.make_with_static_shapes(original_make, self, force)
         else:
             original_make(self, force=force)
         inner = getattr(self, attribute)
+        if per_layer:
+            inner = layer_compile.compiling_layers_in(inner)
         if compile_step.compiles_sharded_weights(self):
             inner = compile_step.outside_autograd_cache(inner)
 

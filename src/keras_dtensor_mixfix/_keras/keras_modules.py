@@ -259,6 +259,11 @@ def sublayers(layer: Any) -> List[Any]:
     return list(layer._flatten_layers(include_self=False, recursive=False))
 
 
+def layer_tree(layer: Any) -> List[Any]:
+    """A layer and every layer inside it, in the order Keras tracks them (``_flatten_layers``)."""
+    return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
 def uninitialized_variables() -> List[Any]:
     """The variables made in a ``StatelessScope(initialize_variables=False)`` that the next scope to close with
     ``initialize_variables=True`` initializes (Keras keeps them in a global list)."""
@@ -324,6 +329,25 @@ def variable_storage(variable: Any) -> Any:
     """The tensor a torch-backend Keras ``Variable`` holds (its ``_value``: an ``nn.Parameter``, whose data is a
     DTensor under a layout), or None before the variable is initialized."""
     return getattr(variable, "_value", None)
+
+
+def set_variable_storage(variable: Any, tensor: Any) -> None:
+    """Make a torch-backend Keras ``Variable`` hold ``tensor`` (its ``_value``), as it holds the one it was made with."""
+    variable._value = tensor
+
+
+def initializer_class() -> Any:
+    """The base of Keras' initializers (``keras.src.initializers.initializer.Initializer``), same in both."""
+    from keras.src.initializers.initializer import Initializer
+
+    return Initializer
+
+
+def seed_generator_class() -> Any:
+    """Keras' ``SeedGenerator`` (``keras.src.random.seed_generator``; its ``state`` is a variable), same in both."""
+    from keras.src.random.seed_generator import SeedGenerator
+
+    return SeedGenerator
 
 
 def layout_map_of(distribution: Any) -> Any:

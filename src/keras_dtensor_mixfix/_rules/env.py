@@ -28,9 +28,13 @@ ALLOW_NEWER_KERAS = "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS"
 """``1`` lets the Keras integration install into a Keras newer than the newest tested one if the Keras
 self-check passes (``keras_integration.install(allow_newer_keras=True)`` for one call)."""
 
+KERAS_COMPILE_UNIT = "KERAS_DTENSOR_MIXFIX_COMPILE_UNIT"
+"""``layer`` (default) or ``step``: what Keras' ``jit_compile=True`` compiles under a distribution, each distinct
+repeated block once or the whole step (``keras_integration.set_compile_unit`` for one process)."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS}
+_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT}
 
 _warned: Set[Tuple[str, ...]] = set()
 _warned_lock = threading.Lock()

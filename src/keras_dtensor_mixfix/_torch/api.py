@@ -11,7 +11,7 @@ them is missing makes the caller fall back to doing nothing (torch's own path), 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -195,6 +195,14 @@ def without_autograd_cache() -> Any:
     import torch._functorch.config as functorch_config
 
     return functorch_config.patch(enable_autograd_cache=False)
+
+
+def dynamo_error_classes() -> Tuple[type, ...]:
+    """The exceptions torch.compile raises when it cannot trace or compile a function (TorchDynamo's own, and a
+    backend's failure, which it wraps), as opposed to an error of the code being run."""
+    from torch._dynamo import exc
+
+    return (exc.TorchDynamoException,)
 
 
 def reset_compiled_code() -> None:

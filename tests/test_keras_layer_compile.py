@@ -1,0 +1,243 @@
+"""``jit_compile=True`` under a distribution compiles each distinct repeated block once (``_keras/layer_compile.py``).
+
+Which layers are interchangeable is decided from the objects (tested in one process, no ranks): identical blocks
+group, a block that differs in anything a call could read (an attribute, a configuration, a tensor it holds) does
+not, leaf layers (a Dense alone) are not compiled on their own, per-instance initializer seeds do not count.
+
+On real ranks, (1, 2) and (2, 2) meshes: a model of four identical tensor-parallel blocks (column- then row-split
+Dense pairs) trains, evaluates and predicts with ``jit_compile=True`` to one process's values, compiling one graph
+per step kind for all four blocks (nothing recompiles per block), and to the whole-step compile's values
+(``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``). A block that changes its own Python state in a call runs eagerly,
+with one warning, and still gives one process's values. Outside the steps (a direct call), the blocks run as
+Keras runs them; ``uninstall()`` gives every block its class's ``call`` back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+BLOCKS = 4
+WIDTH, HIDDEN = 8, 16
+
+
+def _keras_ops_trace_whole():
+    """Keras 3.15 and later: a Keras op traces in one graph (before, the graph breaks at every op, so a block compiles
+    into many small graphs: ``repros/keras_ops_fullgraph.py``)."""
+    import keras
+
+    return tuple(int(part) for part in keras.__version__.split(".")[:2]) >= (3, 15)
+
+
+KERAS_OPS_TRACE_WHOLE = _keras_ops_trace_whole()
+
+
+def _block_class():
+    import keras
+
+    @keras.saving.register_keras_serializable(package="mixfix_test")
+    class Block(keras.layers.Layer):
+        """A tensor-parallel MLP block: up (column-split) -> relu -> down (row-split), residual, layer norm."""
+
+        def __init__(self, hidden=HIDDEN, scale=1.0, counting=False, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden, self.scale, self.counting = hidden, scale, counting
+            self.calls = 0
+            self.up = keras.layers.Dense(hidden, activation="relu", name="up")
+            self.down = keras.layers.Dense(WIDTH, name="down")
+            self.norm = keras.layers.LayerNormalization(name="norm")
+
+        def build(self, input_shape):
+            self.up.build(input_shape)
+            self.down.build(input_shape[:-1] + (self.hidden,))
+            self.norm.build(input_shape)
+
+        def call(self, x):
+            if self.counting:
+                self.calls += 1  # Python state: members cannot share one compiled call
+            return self.norm(x + self.scale * self.down(self.up(x)))
+
+        def get_config(self):
+            return dict(super().get_config(), hidden=self.hidden, scale=self.scale, counting=self.counting)
+
+    return Block
+
+
+def _model(counting=False, blocks=BLOCKS):
+    import keras
+
+    block = _block_class()
+    inputs = keras.Input((WIDTH,))
+    x = keras.layers.Dense(WIDTH, name="embed")(inputs)  # every block's input then needs a gradient alike
+    for index in range(blocks):
+        x = block(counting=counting, name=f"block_{index}")(x)
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(8, WIDTH)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+
+
+# --------------------------------------------------------------------------- which layers group (one process)
+
+
+def test_identical_blocks_group_and_leaf_layers_do_not():
+    import keras
+
+    from keras_dtensor_mixfix._keras import layer_compile
+
+    model = _model()
+    groups = layer_compile.repeated_groups(model)
+    assert [[layer.name for layer in group] for group in groups] == [[f"block_{i}" for i in range(BLOCKS)]]
+    inputs = keras.Input((WIDTH,))  # Dense layers of one shape, but leaves
+    dense = keras.Model(inputs, keras.layers.Dense(WIDTH)(keras.layers.Dense(WIDTH)(inputs)))
+    assert layer_compile.repeated_groups(dense) == []
+
+
+def test_a_block_that_differs_in_what_a_call_reads_is_not_grouped():
+    import keras
+    import torch
+
+    from keras_dtensor_mixfix._keras import layer_compile
+
+    block = _block_class()
+
+    def built(**kwargs):
+        layer = block(**kwargs)
+        layer.build((None, WIDTH))
+        return layer
+
+    first = built()
+    assert layer_compile.difference(first, built()) is None  # other names, other initializer seeds
+    assert "'scale'" in layer_compile.difference(first, built(scale=2.0))
+    assert layer_compile.difference(first, built(hidden=HIDDEN * 2)) is not None  # other variable shapes
+    holding = built()
+    holding.table = torch.ones(3)  # a tensor outside the variables: its own, so not interchangeable
+    assert "'table'" in layer_compile.difference(first, holding)
+    with_activation = built()
+    with_activation.up.activation = keras.activations.gelu
+    assert "'activation'" in layer_compile.difference(first, with_activation)
+
+
+# --------------------------------------------------------------------------- compiled on ranks
+
+
+def _distribution(mesh_shape):
+    import keras
+
+    from keras_dtensor_mixfix._keras import keras_modules
+
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*up/kernel"] = (None, "model")
+    layout_map[".*up/bias"] = ("model",)
+    layout_map[".*down/kernel"] = ("model", None)
+    distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    if keras_modules.native_data_distribution():
+        # Keras 3.16 takes NumPy inputs on several processes only so, and each process then feeds its own shard:
+        # the same rows on every process here, so means and predictions are one process's
+        distribution.auto_shard_dataset = False
+    return distribution
+
+
+def compiled_run(mesh_shape, unit, counting=False):
+    """On this rank: losses, evaluation, predictions and trained weights of 3 steps with ``jit_compile=True``
+    under ``unit``; the graphs TorchDynamo made; the warnings; and a direct call's value (outside any step)."""
+    import keras
+    import torch
+    from torch._dynamo.utils import counters
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras import layer_compile
+
+    assert keras_integration.install()
+    torch._dynamo.reset()
+    counters.clear()
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("keras_dtensor_mixfix").addHandler(handler)
+    layer_compile.set_compile_unit(unit)
+    try:
+        keras.distribution.set_distribution(_distribution(mesh_shape))
+        keras.utils.set_random_seed(0)
+        model = _model(counting)
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
+        x, y = _data()
+        initial = model.get_weights()
+        losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+        evaluated = float(model.evaluate(x, y, verbose=0))
+        predicted = model.predict(x, verbose=0)
+        graphs = counters["stats"]["unique_graphs"]
+        direct = keras.ops.convert_to_numpy(model(x))  # outside a step: Keras' own calls, nothing compiled
+        result = {"initial": initial, "losses": losses, "evaluated": evaluated, "predicted": predicted,
+                  "trained": model.get_weights(), "graphs": graphs,
+                  "graphs_after_direct": counters["stats"]["unique_graphs"], "direct": direct,
+                  "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING],
+                  "replaced_calls": sum("call" in vars(layer) for layer in model.layers)}
+    finally:
+        layer_compile.set_compile_unit(None)
+        logging.getLogger("keras_dtensor_mixfix").removeHandler(handler)
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+        keras.backend.clear_session()
+    result["replaced_calls_after_uninstall"] = sum("call" in vars(layer) for layer in model.layers)
+    return result
+
+
+def _one_process(initial, counting=False):
+    import keras
+
+    model = _model(counting)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.set_weights(initial)
+    x, y = _data()
+    losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+    out = {"losses": losses, "evaluated": float(model.evaluate(x, y, verbose=0)),
+           "predicted": model.predict(x, verbose=0), "trained": model.get_weights(),
+           "direct": keras.ops.convert_to_numpy(model(x))}
+    keras.backend.clear_session()
+    return out
+
+
+def _assert_equal(got, want):
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+    np.testing.assert_allclose(got["evaluated"], want["evaluated"], rtol=1e-5)
+    np.testing.assert_allclose(got["predicted"], want["predicted"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["direct"], want["direct"], rtol=1e-5, atol=1e-6)
+    for trained, reference in zip(got["trained"], want["trained"]):
+        np.testing.assert_allclose(trained, reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
+def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
+    per_layer = run_on_ranks(compiled_run, mesh_shape, "layer", world_size=world_size, timeout=600)
+    reference = _one_process(per_layer[0]["initial"])
+    for rank, out in enumerate(per_layer):
+        _assert_equal(out, reference)
+        assert not out["warnings"], (rank, out["warnings"])
+    assert per_layer[0]["graphs_after_direct"] == per_layer[0]["graphs"]
+    if KERAS_OPS_TRACE_WHOLE:
+        # one block graph for training, one for evaluate and predict (no gradient): not one per block
+        assert per_layer[0]["graphs"] == 2, per_layer[0]["graphs"]
+    assert per_layer[0]["replaced_calls"] == BLOCKS and per_layer[0]["replaced_calls_after_uninstall"] == 0
+    whole_step = run_on_ranks(compiled_run, mesh_shape, "step", world_size=world_size, timeout=600)
+    _assert_equal(whole_step[0], reference)
+    assert whole_step[0]["graphs"] >= 3, whole_step[0]["graphs"]  # train, test and predict steps
+
+
+def test_a_block_with_python_state_runs_eagerly_and_says_so():
+    per_rank = run_on_ranks(compiled_run, (1, 2), "layer", True, world_size=2, timeout=600)
+    reference = _one_process(per_rank[0]["initial"], counting=True)
+    for out in per_rank:
+        _assert_equal(out, reference)
+        assert len(out["warnings"]) == 1 and "runs block_0 (and 3 more like it) eagerly" in out["warnings"][0]
+        assert "'calls'" in out["warnings"][0] or "calls" in out["warnings"][0], out["warnings"]
