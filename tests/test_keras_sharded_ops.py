@@ -494,6 +494,8 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
                 ops.convert_to_numpy(ops.einsum("btd,dk->btk", q.reshape(2, LENGTH, -1), table[:8].T)),
                 ops.convert_to_numpy(ops.einsum("ij,jk", table[:4, :4].astype("int8"), table[:4, :4].astype("int8"))),
                 ops.convert_to_numpy(ops.einsum("...d,d->...", q, q[0, 0, 0])),
+                ops.convert_to_numpy(ops.matmul(q, np.swapaxes(k, 2, 3))),
+                ops.convert_to_numpy(ops.matmul(table[:4, :4].astype("int8"), table[:4, :4].astype("int8"))),
                 ops.convert_to_numpy(ops.cast(1 / np.sqrt(8), "float32")),  # NumPy scalar (compile.py's cast)
                 ops.convert_to_numpy(ops.cast(table, "float16")),
                 ops.convert_to_numpy(ops.one_hot(ids, VOCAB)), ops.convert_to_numpy(ops.one_hot(ids % 7, 7, axis=0)),
@@ -509,7 +511,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
     functions = (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
                  keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
                  keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax,
-                 keras_modules.backend_nn().one_hot)
+                 keras_modules.backend_nn().one_hot, keras_modules.backend_numpy().matmul)
     reshape = keras_modules.backend_numpy().reshape
     keras_integration.uninstall()
     before = run()
@@ -520,6 +522,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
         assert keras_modules.backend_numpy().einsum is not functions[4]
         assert keras_modules.backend_numpy().argmax is not functions[6]
         assert keras_modules.backend_nn().one_hot is not functions[7]
+        assert keras_modules.backend_numpy().matmul is not functions[8]
         assert keras_modules.backend_numpy().reshape is not reshape
         during = run()
     finally:
@@ -527,7 +530,7 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
     assert (keras_modules.backend_numpy().take, keras_modules.core().slice_update,
             keras_modules.backend_nn().dot_product_attention, keras_modules.backend_numpy().min,
             keras_modules.backend_numpy().einsum, Layer.__call__, keras_modules.backend_numpy().argmax,
-            keras_modules.backend_nn().one_hot) == functions
+            keras_modules.backend_nn().one_hot, keras_modules.backend_numpy().matmul) == functions
     assert keras_modules.backend_numpy().reshape is reshape
     for got, want in zip(during, before):
         np.testing.assert_array_equal(got, want)

@@ -1,4 +1,4 @@
-"""How a model-sharded Keras step computes: einsum on local pieces, partial sums settled at layer outputs,
+"""How a model-sharded Keras step computes: einsum (and matmul) on local pieces, partial sums settled at layer outputs,
 gradients laid out like their parameters, size-1 mesh axes replicated.
 
 Each einsum the integration runs on local pieces is checked on real gloo ranks against the same
@@ -25,10 +25,15 @@ CASES_1D = [
     ("bd,df->bf", [(4, 6), (6, 5)], [("P",), ("R",)]),                         # a partial-sum operand
     ("btd,dnh->btnh", [(4, 3, 6), (6, 3, 3)], [("R",), ("S1",)]),             # uneven shards (3 over 2 ranks)
     ("bd,df->bf", [(4, 6), (6, 5)], [("S1",), ("R",)]),                        # needs communication: DTensor's
+    # Keras' matmul of DTensors, as the einsum it is
+    ("matmul", [(2, 4, 3, 5), (2, 4, 5, 3)], [("S1",), ("S1",)]),             # head-split attention (Bloom)
+    ("matmul", [(4, 3, 6), (6, 5)], [("S0",), ("R",)]),                        # batch-split rows, whole kernel
+    ("matmul", [(3, 6), (6, 4)], [("R",), ("S1",)]),                           # column-sharded kernel
 ]
 CASES_2D = [
     ("bd,df->bf", [(4, 6), (6, 4)], [("R", "S0"), ("S1", "R")]),
     ("btnh,nhd->btd", [(4, 3, 2, 3), (2, 3, 4)], [("S0", "S2"), ("R", "S0")]),
+    ("matmul", [(2, 4, 3, 5), (2, 4, 5, 3)], [("S0", "S1"), ("S0", "S1")]),
 ]
 
 
@@ -49,7 +54,7 @@ def _reference(subscripts, shapes):
     import torch
 
     operands = [t.requires_grad_() for t in _globals(shapes)]
-    out = torch.einsum(subscripts, *operands)
+    out = torch.matmul(*operands) if subscripts == "matmul" else torch.einsum(subscripts, *operands)
     weight = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
     (out * weight).sum().backward()
     return out.detach().numpy(), [t.grad.numpy() for t in operands]
@@ -72,7 +77,15 @@ def einsum_on_ranks(cases, mesh_shape, compiled=False):
         local_calls.append(not any(isinstance(o, DTensor) for o in operands))
         return torch.einsum(subscripts, *operands)
 
-    einsum = local_einsum._sharded_einsum(original)
+    def original_matmul(a, b):
+        local_calls.append(not any(isinstance(o, DTensor) for o in (a, b)))
+        return torch.matmul(a, b)
+
+    sharded_einsum, matmul = local_einsum._sharded_einsum(original), local_einsum._sharded_matmul(original_matmul)
+
+    def einsum(subscripts, *operands):
+        return matmul(*operands) if subscripts == "matmul" else sharded_einsum(subscripts, *operands)
+
     results = []
     for subscripts, shapes, names in cases:
         operands = []

@@ -50,6 +50,7 @@ from .patches import rebind_everywhere
 def install(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
     rebind_everywhere(patches, numpy_module.einsum, _sharded_einsum(numpy_module.einsum))
+    rebind_everywhere(patches, numpy_module.matmul, _sharded_matmul(numpy_module.matmul))
 
 
 def _sharded_einsum(original: Any) -> Any:
@@ -59,6 +60,35 @@ def _sharded_einsum(original: Any) -> Any:
         return original(subscripts, *operands, **kwargs) if local is None else local
 
     return einsum
+
+
+def _sharded_matmul(original: Any) -> Any:
+    """Keras' ``matmul`` of two DTensors as the einsum it is (:func:`matmul_subscripts`), on local pieces where
+    their shardings line up: Keras' own ``matmul`` runs on the pieces. keras_hub's Bloom multiplies head-split
+    queries and keys so; left to DTensor, the batched product is reshaped to a strided shard, whose sharding
+    propagation fails while compiling ("Sharding propagation failed for aten.bmm.default")."""
+
+    @functools.wraps(original)
+    def matmul(x1: Any, x2: Any) -> Any:
+        subscripts = matmul_subscripts(getattr(x1, "ndim", 0), getattr(x2, "ndim", 0))
+        local = None if subscripts is None else _local_einsum(
+            lambda _subscripts, a, b: original(a, b), subscripts, (x1, x2), {})
+        return original(x1, x2) if local is None else local
+
+    return matmul
+
+
+def matmul_subscripts(rank1: int, rank2: int) -> Optional[str]:
+    """The einsum of ``matmul`` of operands of ``rank1`` and ``rank2`` dims (batch dims broadcast from the right,
+    then rows by columns), or None where an operand is a vector (matmul then drops a dim einsum would keep)."""
+    if rank1 < 2 or rank2 < 2:
+        return None
+    batch = "abcdefgh"[:max(rank1, rank2) - 2]
+    if len(batch) < max(rank1, rank2) - 2:
+        return None
+    first = batch[len(batch) - (rank1 - 2):] + "ij"
+    second = batch[len(batch) - (rank2 - 2):] + "jk"
+    return f"{first},{second}->{batch}ik"
 
 
 def parse(subscripts: str, count: int) -> Optional[Tuple[List[str], str]]:
