@@ -24,6 +24,7 @@ everywhere). A compile that fails leaves its group eager, with one warning sayin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -235,6 +236,8 @@ def _same(p: Any, q: Any, a: _Tree, b: _Tree, key: str, depth: int) -> bool:
                 and _same(_cells(p), _cells(q), a, b, key, depth + 1))
     if isinstance(p, types.MethodType):
         return p.__func__ is q.__func__ and _same(p.__self__, q.__self__, a, b, key, depth + 1)
+    if dataclasses.is_dataclass(p) and not isinstance(p, type):  # Keras 3.16's EinsumDense keeps its EinsumAxes
+        return all(_same(getattr(p, f.name), getattr(q, f.name), a, b, key, depth + 1) for f in dataclasses.fields(p))
     if isinstance(p, functools.partial):
         return _same((p.func, p.args, p.keywords), (q.func, q.args, q.keywords), a, b, key, depth + 1)
     if isinstance(p, keras_modules.initializer_class()):
@@ -276,6 +279,7 @@ class _Group:
         self.compiled = torch.compile(self.original, dynamic=False)
         self.template: Any = None
         self.eager_reason: Optional[str] = None
+        self.state_checked = False  # whether the template's first compiled call left its Python state as it was
 
     def call(self, member: Any, *args: Any, **kwargs: Any) -> Any:
         if (self.eager_reason is not None or not getattr(_active, "on", False)
@@ -283,14 +287,19 @@ class _Group:
             return self.original(member, *args, **kwargs)
         if self.template is None:
             self.template = member
+        if member is self.template and not self.state_checked:
+            return self._first_template_call(args, kwargs)
         if member is self.template:
-            return self._template_call(args, kwargs)
+            return self._compiled_call(member, args, kwargs)
         with _holding(self.template.variables, member.variables):
             return self._compiled_call(self.template, args, kwargs)
 
-    def _template_call(self, args: tuple, kwargs: dict) -> Any:
+    def _first_template_call(self, args: tuple, kwargs: dict) -> Any:
+        """The first compiled call, of the template itself; a state it changes would be every member's (a counter of
+        calls, a cache), so the group then runs eagerly."""
         before = _python_state(self.template)
         result = self._compiled_call(self.template, args, kwargs)
+        self.state_checked = True
         if self.eager_reason is None:
             changed = _changed(before, _python_state(self.template))
             if changed:
@@ -303,7 +312,8 @@ class _Group:
         except Exception as error:  # noqa: BLE001 - the layer runs eagerly instead, and says so
             if not _is_compile_error(error):
                 raise
-            self._eager(f"torch.compile failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            # torch's own message, on one line: its first line alone is often only the kind of failure
+            self._eager(f"torch.compile failed: {type(error).__name__}: {' '.join(str(error).split())[:600]}")
             return self.original(template, *args, **kwargs)
 
     def _eager(self, reason: str) -> None:
