@@ -410,7 +410,9 @@ def _selected_cases(request):
 def _distributed(world_size, selected=None):
     if world_size not in _per_world_size:
         cases = [case for case in CASES if int(np.prod(case[2])) == world_size and (not selected or case in selected)]
-        _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=1200)
+        # minutes per compiled case on 2 cores (4 ranks: several), seconds per eager one
+        timeout = 600 + sum(300 if case[1] == "compiled" else 30 for case in cases) * world_size // 2
+        _per_world_size[world_size] = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=timeout)
     return _per_world_size[world_size]
 
 
@@ -436,8 +438,24 @@ COMPILED_AS_ONE = {"gemma": "decoder_block", "llama3": "transformer_layer", "mix
                    "qwen3_moe": "transformer_layer"}
 
 
+# Models torch cannot compile under a mesh, whole step or per block (docs/keras.md "Meshes, models and Keras versions
+# proven"): strict, so that a torch that compiles them shows up; seen on (1, 2), torch 2.13.0, Keras 3.15.1
+NOT_COMPILED = {
+    "gemma3n": "a DTensor output no gradient reaches gets a plain zero tangent "
+               "(repros/torch_compile_dtensor_output_without_gradient.py)",
+    "gpt_oss": "a DTensor output no gradient reaches gets a plain zero tangent "
+               "(repros/torch_compile_dtensor_output_without_gradient.py)",
+    "qwen3_5": "TorchDynamo fails tracing the gated delta rule's einsum on a head-split DTensor (shard_order)",
+    "qwen3_5_moe": "TorchDynamo fails tracing the gated delta rule's einsum on a head-split DTensor (shard_order)",
+    "rwkv7": "AOTAutograd rebuilds an output aliasing an input with as_strided, which DTensor does not support",
+}
+
+
 def _case_param(name, mode, shape):
-    return pytest.param(name, mode, shape, id=f"{name}-{mode}-{'x'.join(map(str, shape))}")
+    marks = ()
+    if mode == "compiled" and name in NOT_COMPILED:
+        marks = pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"torch: {NOT_COMPILED[name]}")
+    return pytest.param(name, mode, shape, id=f"{name}-{mode}-{'x'.join(map(str, shape))}", marks=marks)
 
 
 @pytest.mark.parametrize("name,mode,shape", [_case_param(*case) for case in CASES])

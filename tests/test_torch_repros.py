@@ -21,6 +21,7 @@ import torch_activation_backward_strides  # noqa: E402
 import torch_argmax_2d  # noqa: E402
 import torch_boolean_mask_index  # noqa: E402
 import torch_clip_grad_norm_two_meshes  # noqa: E402
+import torch_compile_dtensor_output_without_gradient  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
 import torch_conv_channel_split  # noqa: E402
 import torch_cosine_embedding_loss_split_features  # noqa: E402
@@ -79,6 +80,16 @@ def test_hasattr_of_a_dtensor_method_under_torch_compile():
 def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
     _run_repro(torch_compile_mutated_dtensor_input.repro, "RuntimeError", "got mixed torch.Tensor and DTensor",
                world_size=2)
+
+
+# seen on 2.12.1, 2.13.0 and 2.15.0
+@pytest.mark.xfail(strict=True, raises=RankError,
+                   reason=f"torch {torch.__version__}: a compiled function's DTensor output that no gradient reaches "
+                          "gets a plain zero tangent, which AOTAutograd refuses; keras_hub GPT-OSS and Gemma3n meet it "
+                          "under jit_compile=True after a graph break (docs/keras.md)")
+def test_compiled_dtensor_output_that_no_gradient_reaches():
+    _run_repro(torch_compile_dtensor_output_without_gradient.repro, "RuntimeError",
+               "Expected a DTensor tangent but got a plain Tensor", world_size=2)
 
 
 # seen on 2.12.1, 2.13.0 and 2.15.0
