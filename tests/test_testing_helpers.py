@@ -53,6 +53,24 @@ def test_a_rank_that_raises_is_reported_with_its_traceback_and_workers_restart()
     assert [pid for pid, _ in after] != before and [n for _, n in after] == [1, 1]  # fresh workers
 
 
+def tensor_that_requires_grad():
+    import torch
+
+    return torch.ones(2, requires_grad=True) * 2
+
+
+def test_a_result_that_cannot_go_back_is_an_error_at_once_not_a_timeout():
+    started = time.monotonic()
+    with pytest.raises(RankError, match=r"returned cannot be sent back .* \.detach\(\) it") as info:
+        run_on_ranks(tensor_that_requires_grad, world_size=2, timeout=60)
+    assert info.value.exc_type == "TypeError" and time.monotonic() - started < 30
+    assert run_on_ranks(tensor_that_requires_grad_detached, world_size=2)[0].tolist() == [2.0, 2.0]  # the advice
+
+
+def tensor_that_requires_grad_detached():
+    return tensor_that_requires_grad().detach()
+
+
 def test_the_lowest_failing_rank_is_reported_and_the_others_listed():
     with pytest.raises(RankError, match=r"rank 0 raised ValueError: boom on rank 0 \(ranks \[1\] failed too\)") as info:
         run_on_ranks(fail_on_rank, [0, 1], world_size=2)

@@ -97,6 +97,19 @@ def mesh(shape: Optional[Sequence[int]] = None, names: Optional[Sequence[str]] =
     return found
 
 
+def _check_sendable(fn: Callable[..., Any], value: Any) -> None:
+    """Raises where ``value`` cannot go back to the parent process. The queue pickles in a thread of its own, whose
+    error would only be printed, leaving the parent to wait for a result until its timeout."""
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        ForkingPickler.dumps(value)
+    except Exception as exc:
+        raise TypeError(f"the value {getattr(fn, '__qualname__', fn)!s} returned cannot be sent back to the calling "
+                        f"process ({type(exc).__name__}: {exc}); return plain values (a tensor that requires grad: "
+                        f".detach() it, a DTensor: .full_tensor() or .to_local())") from exc
+
+
 def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, parent_pid: int) -> None:
     os.environ["MASTER_ADDR"] = LOOPBACK
     os.environ["MASTER_PORT"] = str(port)
@@ -121,6 +134,7 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
         task_id, fn, args, kwargs = task
         try:
             value = fn(*args, **kwargs)
+            _check_sendable(fn, value)
             results.put((task_id, rank, True, value))
         except BaseException as exc:  # report everything, including SystemExit, to the parent
             results.put((task_id, rank, False, (type(exc).__qualname__, str(exc), traceback.format_exc())))
