@@ -7,9 +7,10 @@ with zeros; for a DTensor output that zero is a plain tensor, and AOTAutograd's 
     incorrectly. Expected a DTensor tangent but got a plain Tensor (tangent index: 1).
 
 torch's message names the pattern and asks the caller to ``.detach()`` the output it does not need, which
-a library cannot do for code it compiles: a graph break after ``m = x.amax(-1)`` (keras_hub GPT-OSS's
-attention sinks, Gemma3n) makes ``m`` an output of the graph before the break; the code after it uses ``m``
-without a gradient. pytorch/pytorch#172556. Seen on torch 2.13.0. No keras_dtensor_mixfix involved;
+a library cannot do for code it compiles: a graph break after ``m = x.amax(-1)`` makes ``m`` an output of the
+graph before the break, and the code after it uses ``m`` without a gradient (keras_hub Gemma3n; GPT-OSS's
+attention sinks until the Keras integration kept Keras' ``max`` from breaking the graph).
+pytorch/pytorch#172556. Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved;
 ``aot_eager`` is enough to show it.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_compile_dtensor_output_without_gradient.py``

@@ -443,8 +443,6 @@ COMPILED_AS_ONE = {"gemma": "decoder_block", "llama3": "transformer_layer", "mix
 NOT_COMPILED = {
     "gemma3n": "a DTensor output no gradient reaches gets a plain zero tangent "
                "(repros/torch_compile_dtensor_output_without_gradient.py)",
-    "gpt_oss": "a DTensor output no gradient reaches gets a plain zero tangent "
-               "(repros/torch_compile_dtensor_output_without_gradient.py)",
     "qwen3_5": "TorchDynamo fails tracing the gated delta rule's einsum on a head-split DTensor (shard_order)",
     "qwen3_5_moe": "TorchDynamo fails tracing the gated delta rule's einsum on a head-split DTensor (shard_order)",
     "rwkv7": "AOTAutograd rebuilds an output aliasing an input with as_strided, which DTensor does not support",

@@ -420,6 +420,66 @@ def test_compiled_argmax_over_vocabulary_split_logits_equals_single_process(mesh
             torch.testing.assert_close(value, expected.to(torch.int32), msg=lambda m: f"{name} {axis} {keepdims}: {m}")
 
 
+def compiled_extremes(x, mesh_shape, layout):
+    """Keras' ``max`` and ``min`` of a split DTensor inside ``torch.compile(fullgraph=True)``, every axis and over
+    all, with and without ``keepdims``; and the gradient of a loss that uses one of them with a gradient and
+    another without (an attention sink's row maximum, subtracted for stability)."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    assert keras_integration.install()
+    try:
+        split = distribute_tensor(x, mesh(mesh_shape, ("batch", "model")), layout).requires_grad_()
+        torch._dynamo.reset()
+
+        def extremes(x):
+            values = {(name, axis, keepdims): getattr(keras.ops, name)(x, axis=axis, keepdims=keepdims).detach()
+                      for name in ("max", "min") for axis in (None, 0, -1) for keepdims in (False, True)}
+            stable = x - keras.ops.stop_gradient(keras.ops.max(x, axis=-1, keepdims=True))
+            loss = keras.ops.sum(keras.ops.exp(stable)) + keras.ops.sum(keras.ops.min(x, axis=-1) ** 2)
+            return values, loss
+
+        values, loss = torch.compile(extremes, backend="aot_eager", fullgraph=True, dynamic=False)(split)
+        loss.backward()
+        return ({key: value.full_tensor() for key, value in values.items()}, loss.full_tensor().detach(),
+                split.grad.full_tensor())
+    finally:
+        keras_integration.uninstall()
+
+
+@one_graph
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)])
+def test_compiled_max_and_min_of_a_split_dtensor_equal_single_process(mesh_shape):
+    """Compiled, Keras' ``max``/``min`` of a DTensor trace in one graph (Keras 3.12-3.15's break it reading
+    ``result.values``, and keras_hub GPT-OSS's row maximum then reached torch's backward as a graph output with no
+    gradient: repros/torch_compile_dtensor_output_without_gradient.py); values and gradient equal one process,
+    a tie's gradient split evenly."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, VOCAB - 1)
+    x[0, 0, [3, 20]] = -9.0  # a tie of minima across the two vocabulary pieces
+    layout = [Replicate(), Shard(2)] if mesh_shape == (1, 2) else [Shard(0), Shard(2)]
+    whole = x.clone().requires_grad_()
+    expected = {(name, axis, keepdims): keras.ops.convert_to_numpy(getattr(keras.ops, name)(
+        x, axis=axis, keepdims=keepdims)) for name in ("max", "min") for axis in (None, 0, -1)
+        for keepdims in (False, True)}
+    loss = ((whole - whole.amax(-1, keepdim=True).detach()).exp().sum() + (whole.amin(-1) ** 2).sum())
+    loss.backward()
+    for values, got_loss, grad in run_on_ranks(compiled_extremes, x, mesh_shape, layout,
+                                               world_size=math.prod(mesh_shape), timeout=300):
+        for key, value in values.items():
+            np.testing.assert_allclose(value.numpy(), expected[key], err_msg=str(key))
+        torch.testing.assert_close(got_loss, loss.detach())
+        torch.testing.assert_close(grad, whole.grad)
+
+
 def compiled_one_hot(choices):
     """Keras' ``one_hot`` of replicated and row-split DTensor ids inside ``torch.compile(fullgraph=True)`` (a
     MoE router's expert choices), the class axis last and first."""

@@ -85,8 +85,8 @@ def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
 # seen on 2.12.1, 2.13.0 and 2.15.0
 @pytest.mark.xfail(strict=True, raises=RankError,
                    reason=f"torch {torch.__version__}: a compiled function's DTensor output that no gradient reaches "
-                          "gets a plain zero tangent, which AOTAutograd refuses; keras_hub GPT-OSS and Gemma3n meet it "
-                          "under jit_compile=True after a graph break (docs/keras.md)")
+                          "gets a plain zero tangent, which AOTAutograd refuses; keras_hub Gemma3n meets it under "
+                          "jit_compile=True after a graph break (docs/keras.md)")
 def test_compiled_dtensor_output_that_no_gradient_reaches():
     _run_repro(torch_compile_dtensor_output_without_gradient.repro, "RuntimeError",
                "Expected a DTensor tangent but got a plain Tensor", world_size=2)

@@ -36,6 +36,9 @@
   independent per batch row and per head, so it runs on this rank's rows and heads (query, key,
   value and mask or bias taken to the query's batch/head sharding, everything else replicated)
   and the result is wrapped with those placements: the same values, differentiably.
+- ``max`` and ``min`` of a DTensor while compiling: Keras 3.12-3.15's break the graph (they read
+  ``getattr(result, "values", None)``), which left keras_hub GPT-OSS's row maximum a graph output torch's
+  backward fails on; the same reduction runs as ``amax``/``amin`` instead.
 - ``one_hot`` while compiling: DTensor has no strategy for the range check torch's ``one_hot`` makes
   when traced (keras_hub's Qwen MoE router); each rank encodes its own piece.
 """
@@ -60,7 +63,10 @@ def install(patches: PatchRecorder) -> None:
     for name in SETTLED_REDUCTIONS:
         original = getattr(numpy_module, name, None)
         if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
-            rebind_everywhere(patches, original, _settled_reduction(original))
+            settled = _settled_reduction(original)
+            if name in ONE_VALUE_FORM and hasattr(numpy_module, ONE_VALUE_FORM[name]):
+                settled = _traceable_extreme(settled, numpy_module, ONE_VALUE_FORM[name])
+            rebind_everywhere(patches, original, settled)
     for name in ARG_REDUCTIONS:
         original = getattr(numpy_module, name)
         rebind_everywhere(patches, original, _whole_along_reduced(original))
@@ -235,6 +241,34 @@ def _settled_reduction(original: Any) -> Any:
         return settle_partial(original(*args, **kwargs))
 
     return reduction
+
+
+ONE_VALUE_FORM = {"max": "amax", "min": "amin"}
+"""Keras' ``max``/``min`` and the reduction that computes the same, with no ``initial``, on a non-empty tensor."""
+
+
+def _traceable_extreme(settled: Any, numpy_module: Any, one_value_name: str) -> Any:
+    """Keras' ``max``/``min`` of a DTensor, while TorchDynamo traces, as ``amax``/``amin``.
+
+    Keras 3.12 to 3.15's ``max`` and ``min`` read ``getattr(result, "values", None)`` of their result, which
+    TorchDynamo cannot type: a graph break in every model that takes a row maximum (keras_hub GPT-OSS's attention
+    sinks). Breaking there leaves the maximum an output of the graph before the break, and when no gradient
+    reaches it (it is subtracted for stability, without one) torch's backward fails on the plain zero it is given
+    (``repros/torch_compile_dtensor_output_without_gradient.py``). ``amax``/``amin`` is the reduction Keras' own
+    ``max``/``min`` runs along an axis (over every dim, ``torch.max(x)`` and ``torch.amax(x)`` give the same value
+    and both split the gradient evenly among ties), so the value and its gradient are unchanged.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    @functools.wraps(settled)
+    def extreme(x: Any, axis: Any = None, keepdims: bool = False, initial: Any = None) -> Any:
+        if (initial is None and isinstance(x, DTensor) and 0 not in x.shape
+                and torch.compiler.is_compiling()):
+            return settle_partial(getattr(numpy_module, one_value_name)(x, axis=axis, keepdims=keepdims))
+        return settled(x, axis=axis, keepdims=keepdims, initial=initial)
+
+    return extreme
 
 
 def settle_partial(value: Any) -> Any:
