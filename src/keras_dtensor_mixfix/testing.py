@@ -32,7 +32,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ._rules.errors import MixfixError
+from ._rules.errors import ArgumentTypeError, MixfixError
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _check_sendable(fn: Callable[..., Any], value: Any) -> None:
     try:
         ForkingPickler.dumps(value)
     except Exception as exc:
-        raise TypeError(f"the value {getattr(fn, '__qualname__', fn)!s} returned cannot be sent back to the calling "
+        raise ArgumentTypeError(f"the value {getattr(fn, '__qualname__', fn)!s} returned cannot be sent back to the calling "
                         f"process ({type(exc).__name__}: {exc}); return plain values (a tensor that requires grad: "
                         f".detach() it, a DTensor: .full_tensor() or .to_local())") from exc
 
