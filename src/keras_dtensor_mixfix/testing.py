@@ -23,6 +23,7 @@ import datetime
 import logging
 import multiprocessing
 import os
+import pickle
 import queue
 import shutil
 import socket
@@ -97,17 +98,19 @@ def mesh(shape: Optional[Sequence[int]] = None, names: Optional[Sequence[str]] =
     return found
 
 
-def _check_sendable(fn: Callable[..., Any], value: Any) -> None:
-    """Raises where ``value`` cannot go back to the parent process. The queue pickles in a thread of its own, whose
-    error would only be printed, leaving the parent to wait for a result until its timeout."""
+def _pickled(fn: Callable[..., Any], value: Any) -> bytes:
+    """``value`` pickled as the result queue would pickle it, or an error saying it cannot go back to the parent
+    process. Pickled here, once, because the queue pickles in a thread of its own, whose error would only be printed,
+    leaving the parent to wait for a result until its timeout."""
     from multiprocessing.reduction import ForkingPickler
 
     try:
-        ForkingPickler.dumps(value)
+        return bytes(ForkingPickler.dumps(value))
     except Exception as exc:
-        raise ArgumentTypeError(f"the value {getattr(fn, '__qualname__', fn)!s} returned cannot be sent back to the calling "
-                        f"process ({type(exc).__name__}: {exc}); return plain values (a tensor that requires grad: "
-                        f".detach() it, a DTensor: .full_tensor() or .to_local())") from exc
+        raise ArgumentTypeError(
+            f"the value {getattr(fn, '__qualname__', fn)!s} returned cannot be sent back to the calling process "
+            f"({type(exc).__name__}: {exc}); return plain values (a tensor that requires grad: .detach() it, a "
+            f"DTensor: .full_tensor() or .to_local())") from exc
 
 
 def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, parent_pid: int) -> None:
@@ -133,9 +136,7 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
             break
         task_id, fn, args, kwargs = task
         try:
-            value = fn(*args, **kwargs)
-            _check_sendable(fn, value)
-            results.put((task_id, rank, True, value))
+            results.put((task_id, rank, True, _pickled(fn, fn(*args, **kwargs))))
         except BaseException as exc:  # report everything, including SystemExit, to the parent
             results.put((task_id, rank, False, (type(exc).__qualname__, str(exc), traceback.format_exc())))
     try:
@@ -231,7 +232,7 @@ class _Pool:
             if got_id != task_id:
                 continue  # a late answer from a task that timed out
             if ok:
-                values[r] = payload
+                values[r] = pickle.loads(payload)
             else:
                 failures[r] = payload
         if failures:
