@@ -430,8 +430,8 @@ def report(name: str, rows: Dict[str, Any]) -> None:
     nan = float("nan")
     eager = median.get(f"{RANKED}, eager", nan)
     jit = median.get(f"{RANKED}, jit_compile", nan)
-    best = min((t for t in (eager, jit, median.get(JIT_ROWS["jit-step"][1], nan)) if t == t),
-               default=nan)  # nan: a variant not run
+    jit_step = median.get(JIT_ROWS["jit-step"][1], nan)
+    best = min((t for t in (eager, jit, jit_step) if t == t), default=nan)  # nan: a variant not run
     print()
     jax = median.get(JAX)
     if jax is not None and eager == eager:
@@ -465,7 +465,7 @@ def report(name: str, rows: Dict[str, Any]) -> None:
     if "first_s" in ranked_jit and "first_s" in whole_step:
         print(f"- each block compiled once ÷ the whole step compiled: first step {ranked_jit['first_s']:.1f} ÷ "
               f"{whole_step['first_s']:.1f} s = {ranked_jit['first_s'] / whole_step['first_s']:.2f}; later steps "
-              f"{jit:.1f} ÷ {median[JIT_ROWS['jit-step'][1]]:.1f} ms = {jit / median[JIT_ROWS['jit-step'][1]]:.2f}")
+              f"{jit:.1f} ÷ {jit_step:.1f} ms = {jit / jit_step:.2f}")
     same_cores = median.get(ONE_PROCESS_SAME_CORES, nan)
     p10 = ((P10_JAX_TARGET, ("JAX", jax if jax is not None else nan)),
            (P10_ONE_PROCESS_TARGET, (f"1 process on {RANKS} cores", same_cores))) if SIZE == "compute" else ()

@@ -275,4 +275,3 @@ def test_a_block_torch_cannot_compile_runs_eagerly_and_says_why():
         assert len(out["warnings"]) == 1, out["warnings"]
         assert "runs block_0 (and 3 more like it) eagerly: torch.compile failed: Unsupported" in out["warnings"][0]
         assert "a refusal made by the test" in out["warnings"][0]
-
