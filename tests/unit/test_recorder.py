@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from keras_dtensor_mixfix._lifecycle.recorder import MISSING, PatchRecorder, current_value
+import keras_dtensor_mixfix as mf
+from keras_dtensor_mixfix._lifecycle.recorder import MISSING, MissingAttributeError, PatchRecorder, current_value
 
 
 class Base:
@@ -106,7 +107,36 @@ def test_someone_patched_on_top_warns_names_it_and_leaves_it(caplog):
 def test_dict_entries_are_recorded_too():
     name = "keras_dtensor_mixfix_recorder_test_module"
     recorder = PatchRecorder()
-    recorder.set(sys.modules, name, types.ModuleType(name))
+    recorder.set(sys.modules, name, types.ModuleType(name), create=True)
     assert name in sys.modules
     recorder.restore()
     assert name not in sys.modules
+
+
+def test_a_missing_attribute_is_refused_naming_owner_and_attribute():
+    module = types.ModuleType("recorder_target")
+    recorder = PatchRecorder()
+    with pytest.raises(MissingAttributeError, match=r"recorder_target has no attribute 'renamed_in_this_release'"):
+        recorder.set(module, "renamed_in_this_release", "ours")
+    with pytest.raises(MissingAttributeError, match=r"'absent' in a dict: the dict has no such key"):
+        recorder.set({}, "absent", "ours")
+    assert not hasattr(module, "renamed_in_this_release") and len(recorder) == 0  # nothing set, nothing recorded
+    # A MixfixError, and still the AttributeError a missing attribute is
+    assert issubclass(MissingAttributeError, mf.MixfixError) and issubclass(MissingAttributeError, AttributeError)
+
+
+def test_create_adds_a_missing_attribute_and_restore_deletes_it():
+    module = types.ModuleType("recorder_target")
+    recorder = PatchRecorder()
+    recorder.set(module, "added", "ours", create=True)
+    assert module.added == "ours"
+    assert recorder.restore() == []
+    assert not hasattr(module, "added")
+
+
+def test_an_inherited_attribute_exists_for_the_refusal():
+    recorder = PatchRecorder()
+    recorder.set(Child, "helper", staticmethod(lambda: "ours"))  # Base's, only inherited: replaced, no create
+    assert Child.helper() == "ours"
+    recorder.restore()
+    assert "helper" not in vars(Child) and Child.helper() == "helper"

@@ -29,16 +29,16 @@ def install(patches: PatchRecorder, added: List[str]) -> None:
 
     native = getattr(backend_module, "distribution_lib", None)
     if native is None:
-        patches.set(backend_module, "distribution_lib", ours)
-        patches.set(distribution_module, "distribution_lib", ours)
+        patches.set(backend_module, "distribution_lib", ours, create=True)
+        patches.set(distribution_module, "distribution_lib", ours, create=True)
         if sys.modules.get(keras_modules.TORCH_DISTRIBUTION_LIB) is None:
-            patches.set(sys.modules, keras_modules.TORCH_DISTRIBUTION_LIB, ours)
-            patches.set(torch_backend, "distribution_lib", ours)
+            patches.set(sys.modules, keras_modules.TORCH_DISTRIBUTION_LIB, ours, create=True)
+            patches.set(torch_backend, "distribution_lib", ours, create=True)
         added.append(f"distribution_lib: torch backend installed (also as {keras_modules.TORCH_DISTRIBUTION_LIB})")
         return
     missing = [name for name in REQUIRED_LIB_NAMES if not hasattr(native, name)]
     for name in missing:
-        patches.set(native, name, getattr(ours, name))
+        patches.set(native, name, getattr(ours, name), create=True)
     if getattr(distribution_module, "distribution_lib", None) is None:
-        patches.set(distribution_module, "distribution_lib", native)
+        patches.set(distribution_module, "distribution_lib", native, create=True)
     added.append(f"distribution_lib: Keras' own kept, added {missing or 'nothing'}")

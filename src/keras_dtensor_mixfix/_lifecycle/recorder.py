@@ -7,6 +7,10 @@ is deleted, not set, making the inherited one visible again. An attribute is res
 is still ours: if someone replaced it on top of us, a warning names it and it is left in place
 (restoring ours would silently undo their patch). A second ``restore()`` does nothing.
 
+Only an attribute that exists (held or inherited) is replaced unless ``create=True`` says the
+package adds it on purpose: a Keras or torch release that renamed what we replace then fails at
+install, naming it, and not later in a user's step.
+
 Used by the Keras integration (``_keras``), the dispatch-rule holders (``intercept``) and the
 torch.compile cache guard (``compile_cache``).
 """
@@ -17,7 +21,13 @@ import logging
 import threading
 from typing import Any, List, NamedTuple, Optional
 
+from .._rules.errors import MixfixError
+
 log = logging.getLogger("keras_dtensor_mixfix")
+
+
+class MissingAttributeError(MixfixError, AttributeError):
+    """``PatchRecorder.set`` was asked to replace an attribute (or dict entry) that does not exist."""
 
 
 class _Missing:
@@ -47,6 +57,20 @@ def _describe(owner: Any, name: str) -> str:
     return f"{owner_name}.{name}"
 
 
+def _exists(owner: Any, name: str) -> bool:
+    """Whether ``owner`` has ``name``: held, inherited, or (a dict) a key."""
+    if isinstance(owner, dict):
+        return name in owner
+    return hasattr(owner, name)
+
+
+def _missing_text(owner: Any, name: str) -> str:
+    if isinstance(owner, dict):
+        return "the dict has no such key"
+    owner_name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or repr(owner)
+    return f"{owner_name} has no attribute {name!r}"
+
+
 class _Record(NamedTuple):
     owner: Any
     name: str
@@ -69,11 +93,24 @@ class PatchRecorder:
         """How many replacements are recorded (and not restored yet)."""
         return len(self._undo)
 
-    def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None) -> None:
+    def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None, create: bool = False) -> None:
         """Set ``owner.name`` (``owner[name]`` for a dict) to ``value`` and record what it was.
 
-        ``label`` names the attribute in the warning ``restore()`` logs if it is no longer ours.
+        Args:
+            owner: the object, class, module or dict that gets ``value``.
+            name: the attribute (or key) replaced.
+            value: what ``owner.name`` becomes.
+            label: names the attribute in the warning ``restore()`` logs if it is no longer ours.
+            create: allow ``owner.name`` not to exist yet (``restore()`` then deletes it).
+
+        Raises:
+            MissingAttributeError: ``owner`` has no ``name`` (held or inherited) and ``create`` is false;
+                nothing is set.
         """
+        if not create and not _exists(owner, name):  # checked before the lock: hasattr() may run a descriptor
+            raise MissingAttributeError(
+                f"keras_dtensor_mixfix: cannot replace {label or _describe(owner, name)}: {_missing_text(owner, name)} "
+                f"(renamed or removed in the release in use?); nothing was replaced")
         with self._lock:
             previous = current_value(owner, name)
             if isinstance(owner, dict):
