@@ -2,9 +2,14 @@
 
 The patch state itself (installed or not, the options in force) has one holder,
 ``_engine.context``, which the engine reads on every promotion; this module is its only writer.
-One lock here orders the lifecycle's steps (patch, unpatch, option and rule changes) across
-threads; state listeners run after it is released. State is process-wide (the dispatch rules are
-global), so every thread sees the same patch, whichever thread patched.
+State is process-wide (the dispatch rules are global), so every thread sees the same patch,
+whichever thread patched.
+
+One plain lock orders the state transitions (patch, unpatch, option and rule changes) across
+threads, and it is held for the transition only: code that is not ours never runs under it. A
+``patch()`` first prepares with the lock released (the torch gate, rule packs and their hooks, the
+imports whose import hooks run auto-activation), then takes it to install and publish the new
+state; state listeners and a deferred auto-activation run after it is released again.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import contextlib
 import enum
 import logging
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple, Union
 
 from .._engine import context
 from .._rules.decisions import Rule
@@ -22,10 +27,27 @@ from .._rules.registry import registry
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
-_lock = threading.RLock()
-# True while patch() runs: importing DTensor inside it fires auto-activation's import hook in
-# this same thread, which must leave the patching to the patch() already under way.
-_in_progress = False
+_lock = threading.Lock()
+"""Held while the patch state changes, never across a call-out (see the module docstring)."""
+_lock_holder: Optional[int] = None
+_preparing: Set[int] = set()
+"""The threads whose ``patch()`` is under way. Importing DTensor inside one fires auto-activation's
+import hook, which must leave the patching to that ``patch()`` (``patch_in_progress``); a pack hook
+that calls ``patch()`` in the same thread returns at once, the outer call finishes."""
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Hold the lifecycle lock for one state transition."""
+    global _lock_holder
+    # A plain lock taken twice by one thread hangs; that would be a call-out left under the lock.
+    assert _lock_holder != threading.get_ident(), "keras_dtensor_mixfix: the lifecycle lock was re-entered"
+    with _lock:
+        _lock_holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            _lock_holder = None
 
 
 class Unchanged(enum.Enum):
@@ -112,8 +134,8 @@ def _notify(was_patched: bool) -> None:
 
 
 def patch_in_progress() -> bool:
-    """True while a ``patch()`` call is installing the patch (in any thread; under the lock)."""
-    return _in_progress
+    """True while a ``patch()`` call is preparing or installing the patch (in any thread)."""
+    return bool(_preparing)
 
 
 def is_patched() -> bool:
@@ -157,41 +179,87 @@ def patch(
     range (on a newer one allowed by ``allow_newer_torch``: when the self-check fails, naming the
     failing check).
     """
-    options = _given(default=default, plain_grads=plain_grads, check=check, direct=direct)
-    global _in_progress
-    with _lock:
-        if _in_progress:
-            return  # re-entered from an import hook while installing: the outer call finishes
-        was_patched = is_patched()
-        _in_progress = True
-        try:
-            _patch(options, allow_newer_torch)
-        finally:
-            _in_progress = False
-    _notify(was_patched)
-
-
-def _patch(options: Dict[str, Any], allow_newer_torch: Optional[bool]) -> None:
-    """patch() itself, under the lock."""
-    state = context.state()
-    if state.active:
-        if options:
-            _set_options(state.options.updated(**options))
-            log.info("keras_dtensor_mixfix already patched; options updated to %s", context.options().as_dict())
+    given = _given(default=default, plain_grads=plain_grads, check=check, direct=direct)
+    outcome = _to_patched(lambda options: options.updated(**given), allow_newer_torch)
+    if outcome is None:
+        return  # re-entered in this thread while its patch() prepares: the outer call finishes
+    before, options_now = outcome
+    if before.patched:
+        if given:
+            log.info("keras_dtensor_mixfix already patched; options updated to %s", options_now.as_dict())
         else:
             log.info("keras_dtensor_mixfix already patched; nothing to do")
-        return
+    _notify(before.patched)
+
+
+class _Before(NamedTuple):
+    """The patch state a transition replaced: what a ``patched()`` block restores on exit."""
+
+    patched: bool
+    options: Options
+    allow_newer_torch: Optional[bool]
+
+
+def _to_patched(choose: Callable[[Options], Options],
+                allow_newer_torch: Optional[bool]) -> Optional[Tuple[_Before, Options]]:
+    """Patch, or change the options of the patch in force, to ``choose(the options replaced)``.
+
+    ``choose`` gets the environment's options when this patches. Returns the state before and the
+    options now in force; None when this thread's ``patch()`` is already under way. Raises what
+    ``patch()`` raises, with nothing changed.
+    """
+    me = threading.get_ident()
+    with _locked():
+        if me in _preparing:
+            return None
+        if context.is_active():
+            return _change_options(choose)
+        _preparing.add(me)
+    try:
+        _prepare(choose, allow_newer_torch)
+        with _locked():
+            if context.is_active():  # another thread patched while this one prepared
+                return _change_options(choose)
+            base = _base_options()
+            return _Before(False, base, None), _install(choose(base), allow_newer_torch)
+    finally:
+        with _locked():
+            _preparing.discard(me)
+
+
+def _change_options(choose: Callable[[Options], Options]) -> Tuple[_Before, Options]:
+    """While patched, under the lock: only the options change (a bad one raises, changing nothing)."""
+    state = context.state()
+    options = choose(state.options)
+    _set_options(options)
+    return _Before(True, state.options, state.allow_newer_torch), options
+
+
+def _prepare(choose: Callable[[Options], Options], allow_newer_torch: Optional[bool]) -> None:
+    """What a ``patch()`` does before it installs, with the lock released: it runs code not ours."""
     from .._rules.errors import UnsupportedTorchError
     from .torch_gate import refusal
 
-    reason = refusal(allow_newer_torch)
+    reason = refusal(allow_newer_torch)  # on a newer torch: the self-check, which imports DTensor
     if reason is not None:
         raise UnsupportedTorchError(f"keras_dtensor_mixfix.patch(): {reason}")
-    new_options = _base_options().updated(**options)  # validate before touching torch
+    choose(_base_options())  # validate before touching torch
     from .._rules.packs import load_packs
 
-    load_packs()  # rule packs load lazily, once per process
+    load_packs()  # rule packs load lazily, once per process; their hooks register rules
     registry.resolve_pending()  # rules for ops whose library was imported since they were registered
+    # Imported here, not under the lock: importing DTensor fires auto-activation's import hook.
+    import torch.distributed.tensor  # noqa: F401
+
+    from .intercept import DispatchRuleInterceptor  # noqa: F401
+    from .._engine.entry import promote_call  # noqa: F401
+    from .._engine.stats import reset_stats  # noqa: F401
+
+    _compile_cache_guard()
+
+
+def _install(options: Options, allow_newer_torch: Optional[bool]) -> Options:
+    """Install the patch and publish it as the state in force; under the lock. Returns ``options``."""
     from .intercept import DispatchRuleInterceptor
     from .._engine.entry import promote_call
 
@@ -201,30 +269,40 @@ def _patch(options: Dict[str, Any], allow_newer_torch: Optional[bool]) -> None:
     except BaseException:
         installed.remove()
         raise
-    context.set_state(True, new_options, installed=installed, allow_newer_torch=allow_newer_torch)
+    context.set_state(True, options, installed=installed, allow_newer_torch=allow_newer_torch)
     from .._engine.stats import reset_stats
 
     reset_stats()  # stats() counts since this patch()
     registry.clear_cache()
     _compile_cache_guard().install()
     log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)
+    return options
 
 
 def unpatch() -> None:
     """Stop promoting and restore torch exactly; calling it when not patched only logs."""
-    with _lock:
+    was_patched, _ = _to_unpatched()  # an explicit unpatch() wins over a deferred auto-activation
+    if not was_patched:
+        log.info("keras_dtensor_mixfix is not patched; nothing to undo")
+        return
+    _notify(True)
+
+
+def _to_unpatched() -> Tuple[bool, Optional[Callable[[], None]]]:
+    """Unpatch under the lock; returns whether it was patched, and the auto-activation that was
+    deferred to the patch it removed (forgotten here: the caller runs it, or not, once unlocked)."""
+    with _locked():
         installed = context.state().installed
         if installed is None:
-            log.info("keras_dtensor_mixfix is not patched; nothing to undo")
-            return
-        _take_deferred()  # an explicit unpatch() wins over an auto-activation deferred to an earlier patch()
+            return False, None
+        deferred = _take_deferred()
         context.set_state(False, Options())
         installed.remove()
         _clear_caches()
         _compile_cache_guard().uninstall()
         _compile_cache_guard().invalidate("unpatch()")
         log.debug("keras_dtensor_mixfix unpatched")
-    _notify(True)
+    return True, deferred
 
 
 def _clear_caches() -> None:
@@ -264,32 +342,29 @@ def patched(
     options, even when the block raised. ``allow_newer_torch`` is ``patch()``'s (used when the
     block is the one that patches).
     """
-    options = _given(default=default, plain_grads=plain_grads, check=check, direct=direct)
-    with _lock:
-        was_patched = is_patched()
-        previous = current_options()
-        previous_allow_newer = context.state().allow_newer_torch
-        if was_patched:
-            _set_options(previous.updated(**options))
-        else:
-            patch(allow_newer_torch=allow_newer_torch, **options)
+    given = _given(default=default, plain_grads=plain_grads, check=check, direct=direct)
+    outcome = _to_patched(lambda options: options.updated(**given), allow_newer_torch)
+    # None: a pack hook of this thread's patch() under way opened the block; it restores nothing.
+    before = outcome[0] if outcome is not None else _Before(False, _base_options(), None)
+    _notify(before.patched)
     try:
         yield
     finally:
-        with _lock:
+        if before.patched:
+            # Back to the outer state: patch again as the patch in force did if the body unpatched.
+            restored = _to_patched(lambda _: before.options, before.allow_newer_torch)
+            if restored is not None:
+                _notify(restored[0].patched)
+        else:
+            was_patched, resume = _to_unpatched()
             if was_patched:
-                if not is_patched():
-                    patch(allow_newer_torch=previous_allow_newer)
-                _set_options(previous)
-            elif is_patched():
-                resume = _take_deferred()
-                unpatch()
+                _notify(True)
                 if resume is not None:
                     resume()
 
 
 def _on_rules_changed(op: object) -> None:
-    with _lock:  # read under the lock: a racing unpatch() must not leave a rule installed
+    with _locked():  # read under the lock: a racing unpatch() must not leave a rule installed
         installed = context.state().installed
         if installed is None:
             return

@@ -30,8 +30,10 @@ class PackRecord:
     rules: List[Any] = dataclasses.field(default_factory=list)
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards the fields below; never held while a pack's code runs
 _loaded = False
+_loader: Optional[int] = None  # the thread loading the packs, until they have all run
+_finished = threading.Event()
 _records: List[PackRecord] = []
 _manager: Optional[Any] = None
 
@@ -55,46 +57,71 @@ def plugin_manager() -> Any:
 
 
 def load_packs() -> List[PackRecord]:
-    """Load and run every pack once; later calls return the records."""
-    global _loaded
-    with _lock:
-        if _loaded:
-            return list(_records)
-        _loaded = True
-        from . import builtin_pack as _builtin_pack
-        from .env import disabled_packs
+    """Load and run every pack once; later calls return the records.
 
-        disabled = disabled_packs()
-        manager = plugin_manager()
-        candidates: List[PackRecord] = []
-        builtin = PackRecord(BUILTIN, f"{_builtin_pack.__name__} (built in)")
-        if BUILTIN in disabled:
-            builtin.status = "disabled"
-        else:
-            manager.register(_builtin_pack, name=BUILTIN)
-            candidates.append(builtin)
-        _records.append(builtin)
-        for entry_point in _entry_points():
-            dist = getattr(entry_point, "dist", None)
-            origin = f"{entry_point.value}" + (f" ({dist.name} {dist.version})" if dist is not None else "")
-            record = PackRecord(entry_point.name, origin)
-            _records.append(record)
-            if entry_point.name in disabled or "*" in disabled:
-                record.status = "disabled"
-                log.info("keras_dtensor_mixfix: rule pack %r disabled by environment", entry_point.name)
-                continue
-            try:
-                plugin = entry_point.load()
-                manager.register(plugin, name=entry_point.name)
-            except Exception as exc:  # one bad pack never stops the rest
-                record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
-                log.warning("keras_dtensor_mixfix: rule pack %r failed to load and is skipped: %s", entry_point.name,
-                            record.error)
-                continue
-            candidates.append(record)
+    A call from another thread while the packs load waits until they have all run, so a ``patch()``
+    never starts without their rules. No lock is held while a pack's code runs (its import, its
+    hook); a hook that waits on another thread's ``patch()`` would still wait forever on itself.
+    """
+    global _loaded, _loader
+    with _lock:
+        first = not _loaded
+        loading_here = _loader == threading.get_ident()
+        if first:
+            _loaded, _loader = True, threading.get_ident()
+    if not first:
+        if not loading_here:  # a hook of this thread's load that loads again does not wait on itself
+            _finished.wait()
+        return pack_records()
+    try:
+        _load_and_run()
+    finally:
+        with _lock:
+            _loader = None
+        _finished.set()
+    return pack_records()
+
+
+def _load_and_run() -> None:
+    """Register the built-in pack and each entry point's with pluggy, then run their hooks."""
+    from . import builtin_pack as _builtin_pack
+    from .env import disabled_packs
+
+    disabled = disabled_packs()
+    manager = plugin_manager()
+    candidates: List[PackRecord] = []
+    builtin = PackRecord(BUILTIN, f"{_builtin_pack.__name__} (built in)")
+    if BUILTIN in disabled:
+        builtin.status = "disabled"
+    else:
+        manager.register(_builtin_pack, name=BUILTIN)
+        candidates.append(builtin)
+    _add_record(builtin)
+    for entry_point in _entry_points():
+        dist = getattr(entry_point, "dist", None)
+        origin = f"{entry_point.value}" + (f" ({dist.name} {dist.version})" if dist is not None else "")
+        record = PackRecord(entry_point.name, origin)
+        _add_record(record)
+        if entry_point.name in disabled or "*" in disabled:
+            record.status = "disabled"
+            log.info("keras_dtensor_mixfix: rule pack %r disabled by environment", entry_point.name)
+            continue
+        try:
+            plugin = entry_point.load()
+            manager.register(plugin, name=entry_point.name)
+        except Exception as exc:  # one bad pack never stops the rest
+            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.warning("keras_dtensor_mixfix: rule pack %r failed to load and is skipped: %s", entry_point.name,
+                        record.error)
+            continue
+        candidates.append(record)
     for record in candidates:
         _run_pack(manager, record)
-    return list(_records)
+
+
+def _add_record(record: PackRecord) -> None:
+    with _lock:
+        _records.append(record)
 
 
 def _run_pack(manager: Any, record: PackRecord) -> None:
@@ -135,3 +162,4 @@ def _reset_for_tests() -> None:
         _records.clear()
         _loaded = False
         _manager = None
+        _finished.clear()
