@@ -118,11 +118,12 @@ def test_a_pack_hook_waiting_on_another_threads_lifecycle_call_does_not_hang(one
             mf.unpatch()  # not patched yet: takes the lock, changes nothing
 
         seen["finished"] = _in_another_thread(elsewhere)
+        _in_another_thread(lambda: seen.update(in_progress_elsewhere=patching.patch_in_progress()))
         register("aten::mm.default", "local")
 
     one_pack(register_rules)
     mf.patch()
-    assert seen == {"in_progress": True, "patch_here_returns": True, "finished": True}
+    assert seen == {"in_progress": True, "patch_here_returns": True, "finished": True, "in_progress_elsewhere": True}
     assert mf.is_patched() and not patching.patch_in_progress()
     record = next(r for r in packs.pack_records() if r.name == "callout_pack")
     assert record.status == "loaded" and len(record.rules) == 1
@@ -149,6 +150,22 @@ def test_a_second_thread_loading_packs_waits_until_every_hook_has_run(one_pack):
     packs.load_packs()
     threads[0].join(JOIN_TIMEOUT_S)
     assert statuses == ["loaded"]  # not "pending": it returned only once the pack had run
+
+
+def test_a_patch_from_another_thread_while_packs_load_applies_its_options(one_pack):
+    threads = []
+
+    def register_rules(register):
+        thread = threading.Thread(target=lambda: mf.patch(default="local"), daemon=True)
+        thread.start()  # it waits for the packs, then patches or changes the options of this patch
+        time.sleep(0.2)
+        threads.append(thread)
+
+    one_pack(register_rules)
+    mf.patch()
+    threads[0].join(JOIN_TIMEOUT_S)
+    assert not threads[0].is_alive()
+    assert mf.is_patched() and mf.current_options().default == "local"
 
 
 def test_the_lifecycle_lock_is_plain_and_a_re_entry_is_an_error_not_a_hang():
