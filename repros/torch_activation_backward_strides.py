@@ -15,7 +15,7 @@ contiguous gradient (``_keras/activations.py``). ``hardtanh``/``hardsigmoid``/``
 disagreement, but DTensor has no strategy for their backward at all.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_activation_backward_strides.py`` (exits 1
-while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

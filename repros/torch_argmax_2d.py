@@ -12,7 +12,7 @@ keras_dtensor_mixfix's Keras ``argmax``/``argmin`` avoid it by gathering the red
 (``_keras/sharded_ops.py``: ``whole_along``).
 
 Run: ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 repros/torch_argmax_2d.py`` (exits 1 while
-the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

@@ -11,7 +11,7 @@ Seen on torch 2.12.1, 2.13.0 and 2.15.0, no keras_dtensor_mixfix involved (run i
 makes it pass, ``_engine/meshes.py``).
 
 Run: ``KERAS_DTENSOR_MIXFIX=0 torchrun --nproc-per-node 2 --master-addr 127.0.0.1
-repros/torch_clip_grad_norm_two_meshes.py`` (exits 1 while the limitation is there); ``tests/test_torch_repros.py``
+repros/torch_clip_grad_norm_two_meshes.py`` (exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py``
 runs it, unpatched, as an expected failure.
 """
 

@@ -14,7 +14,7 @@ pytorch/pytorch#172556. Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtenso
 ``aot_eager`` is enough to show it.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_compile_dtensor_output_without_gradient.py``
-(exits 1 while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

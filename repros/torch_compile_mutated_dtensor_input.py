@@ -17,7 +17,7 @@ range`` in ``_aot_stage2b_bw_compile``). Seen on torch 2.13.0 and 2.15.0. No ker
 involved; ``aot_eager`` is enough to show it.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_compile_mutated_dtensor_input.py``
-(exits 1 while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

@@ -12,7 +12,7 @@ parallelism splits by features); keras_dtensor_mixfix's Keras ``conv``/``conv_tr
 along all but its batch first (``_keras/convolution.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_conv_channel_split.py`` (exits 1 while
-the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

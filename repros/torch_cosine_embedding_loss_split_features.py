@@ -10,7 +10,7 @@ refuse it: the composite reaches DTensor as its elementwise steps, none of them 
 this loss (docs/rules.md, "Ops DTensor gets wrong", lists it as a gap).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_cosine_embedding_loss_split_features.py``
-(exits 1 while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

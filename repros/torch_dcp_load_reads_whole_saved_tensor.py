@@ -10,7 +10,7 @@ Seen on torch 2.12.1, 2.13.0 and 2.15.0; no keras_dtensor_mixfix involved. keras
 DCP as it is (docs/keras.md, "Saving, loading and memory" says what a rank holds while loading).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dcp_load_reads_whole_saved_tensor.py``
-(exits 1 while the limitation is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import os

@@ -15,7 +15,7 @@ our vocabulary-parallel loss) each such break retraced the model. ``_keras/shard
 ``_keras/local_pieces.py`` (``first_index_here``) computes the offset in Python integers.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dtensor_argmax_compiled.py``
-(exits 1 while the limitation is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

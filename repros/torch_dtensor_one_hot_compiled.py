@@ -13,7 +13,7 @@ supported with DTensor"). ``_keras/sharded_ops.py`` (``_local_one_hot``) encodes
 compiling.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dtensor_one_hot_compiled.py``
-(exits 1 while the limitation is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

@@ -17,7 +17,7 @@ Keras' torch train step calls ``backward()`` inside the function it compiles for
 ``_keras/compile.py`` (``_eagerly``) runs the backward with ``torch.compiler.disable``.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dynamo_compiles_dtensor_unflatten.py``
-(exits 1 while the limitation is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

@@ -14,7 +14,7 @@ ran on them, which AOTAutograd then failed to replay ("as_strided not supported 
 keras_hub's Llama3 and Qwen under ``jit_compile=True``. It asks ``isinstance`` instead.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dynamo_hasattr_dtensor.py``
-(exits 1 while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+(exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

@@ -14,7 +14,7 @@ keras_dtensor_mixfix's Keras ``take`` avoids it by gathering the table over "bat
 (``_keras/sharded_ops.py``: ``whole_where_indices_split``).
 
 Run: ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 repros/torch_embedding_mask_2d.py``
-(exits 1 while the bug is there); ``tests/test_torch_repros.py`` runs it on 4 ranks as an
+(exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it on 4 ranks as an
 expected failure, so a torch release that fixes it shows up as an unexpected pass.
 """
 

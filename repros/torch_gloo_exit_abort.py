@@ -5,7 +5,7 @@ After ``destroy_process_group()`` and the last line of output, one rank dies wit
 still joinable when the process tears down. Seen on torch 2.12.1 (4 of 10 runs), 2.13.0 and 2.15.0 (about 1
 in 8) on a loaded 2-core machine; no keras_dtensor_mixfix involved (run with ``KERAS_DTENSOR_MIXFIX=0``).
 The documentation's tests, which run programs under torchrun, run one again when it ends this way
-(``tests/test_readme.py``: ``EXIT_ABORT``).
+(``tests/project/test_readme.py``: ``EXIT_ABORT``).
 
 Run: ``python repros/torch_gloo_exit_abort.py [runs]`` (default 10): starts the program below that many times
 under torchrun on 2 CPU processes and exits 1 if any of them aborted at exit. Only likely to fail: a single run

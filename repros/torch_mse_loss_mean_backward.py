@@ -11,7 +11,7 @@ involved. keras_dtensor_mixfix computes the mixed calls (a plain target, as torc
 sum over the global element count, forward and backward (``_engine/corrections.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_mse_loss_mean_backward.py`` (exits 1
-while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

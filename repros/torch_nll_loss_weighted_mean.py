@@ -12,7 +12,7 @@ keras_dtensor_mixfix computes the mixed call (plain labels or weights, as torch 
 as the summed loss over the summed weight (``_engine/corrections.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_nll_loss_weighted_mean.py`` (exits 1
-while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

@@ -10,7 +10,7 @@ Seen on torch 2.12.1, 2.13.0 and 2.15.0, every operand a DTensor; no keras_dtens
 involved. keras_dtensor_mixfix refuses the mixed call and says to narrow ``src`` (``_rules/builtin_pack.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_scatter_add_src_misaligned.py`` (exits 1
-while the bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

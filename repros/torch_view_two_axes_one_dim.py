@@ -16,7 +16,7 @@ both axes; the Keras integration lays such a gradient out as the forward output 
 The repro passes once DTensor either gives the right values or refuses the view as it does on one mesh axis.
 
 Run: ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 repros/torch_view_two_axes_one_dim.py`` (exits 1 while the
-bug is there); ``tests/test_torch_repros.py`` runs it as an expected failure.
+bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.
 """
 
 import torch

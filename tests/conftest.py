@@ -12,13 +12,26 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 
 pytest_plugins = ["pytester"]
 
-_UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
-_MODEL_FILES = ("test_keras_hub", "test_jax_reference")
-"""Files whose names start so hold real-model tests (keras_hub, JAX references): `pytest -m models`."""
-_KERAS_FILES = ("test_keras",)
-"""Files whose names start so test the Keras integration: `pytest -m keras` (CI skips them on the oldest torch)."""
-_TRANSFORMERS_FILES = ("test_transformers",)
-"""Files whose names start so test transformers' tensor parallelism: `pytest -m transformers` (they skip without it)."""
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+FOLDER_MARKERS = {
+    "unit": ("unit",),
+    "keras": ("keras", "models"),
+    "models": ("models",),
+    "transformers": ("transformers",),
+}
+"""Each marker and the folders (under tests/) whose tests carry it; a test outside ``unit/`` is also ``ranks``.
+
+The layout mirrors the package's layers (docs/architecture.md): ``unit/<layer>/`` runs in one process without a
+process group; beside it, the multi-rank scenarios of each layer (``engine/``, ``lifecycle/``, ``keras/``), the
+differential corpus (``differential/``), real models (``models/``: keras_hub and JAX references, CI runs them in
+their own environment), ``transformers/``, the public surfaces (``surfaces/``), reported failure patterns and
+torch repros (``patterns/``) and the project's own files (``project/``: README, links, pyproject)."""
+
+
+def _in_folder(path: str, folder: str) -> bool:
+    return path.startswith(os.path.join(_TESTS_DIR, folder) + os.sep)
+
 
 WORLD_SIZES = (2, 4)
 """Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh (``_ranks.mesh_for``)."""
@@ -28,14 +41,15 @@ _PLUGIN_MARKER = "mixfix"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/)")
+    config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/<layer>/)")
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
-    config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/test_keras_hub*.py, "
-                                       "tests/test_jax_reference*.py); they skip without keras_hub or jax")
-    config.addinivalue_line("markers", "keras: the Keras integration (tests/test_keras*.py); CI runs them on the newest "
-                                       "torch and on 2.13.0, not on the oldest")
+    config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/models/); they skip without "
+                                       "keras_hub or jax")
+    config.addinivalue_line("markers", "keras: the Keras integration's multi-rank tests (tests/keras/, tests/models/); CI runs "
+                                       "them on the newest torch and on 2.13.0, not on the oldest (its unit tests "
+                                       "run everywhere)")
     config.addinivalue_line("markers", "transformers: transformers' own tensor parallelism on tiny random checkpoints "
-                                       "(tests/test_transformers*.py, the docs/transformers.md program); they skip "
+                                       "(tests/transformers/, the docs/transformers.md program); they skip "
                                        "without transformers (the `transformers` extra)")
     config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
     config.addinivalue_line("markers", "slow: minutes per test (compiled keras_hub models); skipped unless "
@@ -43,17 +57,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # The folder says which layer a test belongs to: `pytest -m unit` runs the fast layer alone.
+    # The folder says which layer a test belongs to (`pytest -m unit` runs the fast layer alone) and which
+    # packages beyond torch it needs (CI runs those in their own environments).
     for item in items:
-        unit = str(item.fspath).startswith(_UNIT_DIR + os.sep)
-        item.add_marker(pytest.mark.unit if unit else pytest.mark.ranks)
-        # and the file name which tests need the model packages (CI runs them in their own environment)
-        if os.path.basename(str(item.fspath)).startswith(_MODEL_FILES):
-            item.add_marker(pytest.mark.models)
-        if os.path.basename(str(item.fspath)).startswith(_KERAS_FILES):
-            item.add_marker(pytest.mark.keras)
-        if os.path.basename(str(item.fspath)).startswith(_TRANSFORMERS_FILES):
-            item.add_marker(pytest.mark.transformers)
+        path = str(item.fspath)
+        for marker, folders in FOLDER_MARKERS.items():
+            if any(_in_folder(path, folder) for folder in folders):
+                item.add_marker(getattr(pytest.mark, marker))
+        if not _in_folder(path, "unit"):
+            item.add_marker(pytest.mark.ranks)
 
 
 @pytest.fixture(params=WORLD_SIZES, ids=str)

@@ -40,7 +40,7 @@ processes). Random ops are skipped by name and by what they dispatch (ops tagged
 ``nondeterministic_seeded``). Each chunk of ops is one ``run_on_ranks`` call; a chunk that fails or
 hangs (``--chunk-timeout``) is rerun op by op (``--op-timeout``) so the one op is recorded as a crash.
 ``--json`` saves the records, ``--from-json`` rewrites the report from them without sweeping again.
-The functions are importable (``tests/test_op_sweep.py`` runs a CI subset with them): they live in the
+The functions are importable (``tests/engine/test_op_sweep.py`` runs a CI subset with them): they live in the
 package ``tools/opsweep`` (sampling, extra, values, classify, differential, runner, report), re-exported here.
 """
 

@@ -14,7 +14,7 @@ raised before the hierarchy existed, so ``except ValueError`` / ``except TypeErr
     `-- ArgumentTypeError (TypeError)           an argument of the wrong type
 
 ``keras_dtensor_mixfix.testing`` adds ``RankError`` and ``WorkerStartError`` (both RuntimeError), the
-pytest plugin ``MarkerUsageError`` (a ``pytest.UsageError``). ``tests/unit/test_errors.py`` fails on a
+pytest plugin ``MarkerUsageError`` (a ``pytest.UsageError``). ``tests/unit/rules/test_errors.py`` fails on a
 ``raise`` of a bare builtin exception anywhere in the package, unless listed there with its reason.
 Kept free of torch imports: the package root exports these without importing torch.
 """

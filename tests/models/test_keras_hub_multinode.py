@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def test_two_nodes_equal_single_process(tmp_path):
-    hub = pytest.importorskip("test_keras_hub", reason="needs keras_hub (see tests/test_keras_hub.py)",
+    hub = pytest.importorskip("test_keras_hub", reason="needs keras_hub (see tests/models/test_keras_hub.py)",
                               exc_type=ImportError)
     port = _free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", KERAS_BACKEND="torch", OMP_NUM_THREADS="1",

@@ -15,7 +15,7 @@ from _keras_releases import OPS_TRACE_IN_ONE_GRAPH
 
 pytest.importorskip("keras", reason="the Keras repros need Keras")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros"))
 
 import keras_duplicate_path_not_a_torch_parameter  # noqa: E402
 import keras_layer_compile_region_reuse  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 from keras_dtensor_mixfix._torch.versions import release_of
 from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repros"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros"))
 
 import torch_activation_backward_strides  # noqa: E402
 import torch_argmax_2d  # noqa: E402

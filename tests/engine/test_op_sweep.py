@@ -27,7 +27,7 @@ import pytest
 
 # Imported at collection time, before any rank worker starts: the workers are spawned with this
 # process's sys.path, so they can import op_sweep to run its functions.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import op_sweep  # noqa: E402
 
 SUBSET = [

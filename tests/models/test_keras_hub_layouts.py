@@ -1,7 +1,7 @@
 """``keras_dtensor_mixfix.layouts``: layout maps derived from a model's layers (no ranks: the maps themselves).
 
 That the derived maps train, evaluate, predict and generate like one process for every keras_hub CausalLM is
-``tests/test_keras_hub.py``'s "derived" cases; here, what the derivation decides and says.
+``tests/models/test_keras_hub.py``'s "derived" cases; here, what the derivation decides and says.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pathlib
 import re
 from typing import Dict, Iterator, List, Tuple
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "keras_dtensor_mixfix"
 DOCS = ["README.md", "CONTRIBUTING.md"] + sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))
 README_MAX_LINES = 200

@@ -1,6 +1,6 @@
 """keras_hub causal LMs compiled (``jit_compile=True``: inductor, static shapes) under ModelParallel on 2 ranks.
 
-Each model (Gemma, Qwen, Llama3, Qwen MoE, Qwen3 MoE: ``tests/test_keras_hub.py``'s tiny config, one layer)
+Each model (Gemma, Qwen, Llama3, Qwen MoE, Qwen3 MoE: ``tests/models/test_keras_hub.py``'s tiny config, one layer)
 is built twice on a (1, 2) ("batch", "model") mesh (Gemma also on (2, 2), 4 ranks) with its backbone's
 ``get_layout_map``, from the same seed: once eager, once compiled. Three
 ``train_on_batch`` steps each; the compiled losses and trained weights must equal the eager sharded run's
@@ -9,7 +9,7 @@ is built twice on a (1, 2) ("batch", "model") mesh (Gemma also on (2, 2), 4 rank
 Slow: the first compiled step takes a minute or more per model (TorchDynamo traces every layer, inductor
 compiles the step; the six cases: about 11 minutes on a 2-core machine). Skipped unless ``MIXFIX_TEST_SLOW=1``:
 
-    MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/test_keras_hub_compiled.py
+    MIXFIX_TEST_SLOW=1 KERAS_BACKEND=torch python -m pytest tests/models/test_keras_hub_compiled.py
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "CONTRIBUTING.md"] + sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))
 """Every file whose blocks are tested, as paths from the repository root."""
 TIMEOUT = 300
@@ -82,13 +82,13 @@ SKIPPED = {
     # installs keras-hub, its tokenizers and jax (the network), then the real-model tests
     "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
     # Qwen3.5's derived maps on (2, 2) (Qwen3.5's alone 409 s on 2 cores; CI runs the other cells)
-    'KERAS_BACKEND=torch python -m pytest tests/test_keras_hub.py -k "qwen3_5 and derived and 2x2"',
+    'KERAS_BACKEND=torch python -m pytest tests/models/test_keras_hub.py -k "qwen3_5 and derived and 2x2"',
     # 8 ranks of every keras_hub model but Qwen3.5 (its derived cases alone 721 s on 2 cores), and a recipe for two
     # machines
-    'KERAS_BACKEND=torch MIXFIX_TEST_MESHES=2x4,4x2 python -m pytest tests/test_keras_hub.py -k "(2x4 or 4x2) and not '
+    'KERAS_BACKEND=torch MIXFIX_TEST_MESHES=2x4,4x2 python -m pytest tests/models/test_keras_hub.py -k "(2x4 or 4x2) and not '
     'qwen3_5"',
     # every keras_hub model compiled (1203 s on 2 cores)
-    'KERAS_BACKEND=torch MIXFIX_TEST_COMPILED_MODELS=all python -m pytest tests/test_keras_hub.py -k "compiled and 1x2"',
+    'KERAS_BACKEND=torch MIXFIX_TEST_COMPILED_MODELS=all python -m pytest tests/models/test_keras_hub.py -k "compiled and 1x2"',
     "# on the first machine (its address: MASTER), then the same with --node-rank 1 on the second",
 }
 """The first line of every block that is not run. Adding a skip is a decision: it changes this set too."""

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("jax", reason="the JAX reference needs jax (pip install 'jax[cpu]')")
-hub = pytest.importorskip("test_keras_hub", reason="needs keras_hub (see tests/test_keras_hub.py)",
+hub = pytest.importorskip("test_keras_hub", reason="needs keras_hub (see tests/models/test_keras_hub.py)",
                           exc_type=ImportError)
 
 from keras_dtensor_mixfix.testing import run_on_ranks  # noqa: E402

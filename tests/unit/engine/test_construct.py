@@ -2,7 +2,7 @@
 
 Specs and DTensors need a real mesh: one process, a world of size 1 (a gloo group on an in-memory
 store, created for this module and destroyed after it). On it every rank's piece is the whole
-tensor; slices of several ranks are tested on real ranks in tests/test_eager.py.
+tensor; slices of several ranks are tested on real ranks in tests/engine/test_eager.py.
 """
 
 from __future__ import annotations

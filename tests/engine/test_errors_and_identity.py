@@ -66,7 +66,7 @@ def test_errors_name_op_operand_shapes_placements_mesh_and_the_fix(world_size):
 
     kind, text = out["no_strategy"]
     assert kind == "MixedOperandError" and "mixfix_test::fused" in text and "full_tensor()" in text, text
-    assert "sharding strategy" in text, text  # tests/test_reported_patterns.py follows this advice
+    assert "sharding strategy" in text, text  # tests/patterns/test_reported_patterns.py follows this advice
 
     kind, text = out["error_rule"]
     assert kind == "MixedOperandError" and "rule for this op is 'error'" in text, text

@@ -414,7 +414,7 @@ def test_example_runs_under_torchrun():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_DTENSOR_MIXFIX")}  # auto-activation on
     env.update(GLOO_SOCKET_IFNAME="lo", KERAS_BACKEND="torch", OMP_NUM_THREADS="1")
     result = subprocess.run(

@@ -2,7 +2,7 @@
 
 The decision is a function of devices only, so it is tested here with devices that need no hardware
 (``torch.device("cuda", 0)`` is only a name); the engine applying it on real DTensors is tested on
-ranks with ``meta`` DTensors (tests/test_devices.py) and, where two GPUs exist, on CUDA meshes.
+ranks with ``meta`` DTensors (tests/engine/test_devices.py) and, where two GPUs exist, on CUDA meshes.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The placement functions read a DTensor peer's global shape, placements, mesh and local piece only, so
 they are tested here with stand-in peers on stand-in meshes of any size (no process group); the
-engine applying them to real DTensors on several ranks is tested in tests/test_eager.py and
-tests/test_decisions.py.
+engine applying them to real DTensors on several ranks is tested in tests/engine/test_eager.py and
+tests/engine/test_decisions.py.
 """
 
 from __future__ import annotations
