@@ -381,14 +381,6 @@ def test_every_exception_users_see_is_exported_and_submodules_are_attributes_wit
         mf.nope  # noqa: B018
 
 
-def test_check_mode_exceptions_are_the_ones_the_engine_raises():
-    from keras_dtensor_mixfix._engine import check
-
-    assert check.ReplicationCheckError is mf.ReplicationCheckError
-    assert check.ReplicationCheckWarning is mf.ReplicationCheckWarning
-    assert issubclass(mf.ReplicationCheckError, mf.MixedOperandError)
-
-
 def test_state_listeners_hear_each_change_once_in_the_changing_thread():
     from keras_dtensor_mixfix._lifecycle.patching import add_state_listener, remove_state_listener
 
