@@ -28,6 +28,7 @@ from .fast import NOT_FAST, promote_fast
 from .foreach import promote_foreach, rows_on_several_meshes
 from .general import promote_general
 from .meshes import as_plain_on_one_mesh, one_mesh
+from .operands import needs_promotion
 from .opstate import op_state
 
 Handler = Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]
@@ -47,6 +48,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
     from torch.distributed.tensor import DTensor  # a local of the rule's closure: read faster than a global
 
     Tensor = torch.Tensor
+    rejected = needs_promotion  # a local of the closure: read faster than a global
     equal_meshes = CACHES.equal_meshes
 
     def _another_mesh(mesh: Any, other: Any) -> bool:
@@ -56,10 +58,10 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
 
     def _is_mixed_value(value: Any) -> bool:
         if isinstance(value, Tensor):
-            return not isinstance(value, DTensor) and value.numel() != 1
+            return rejected(value)
         if type(value) is list or type(value) is tuple:
             for item in value:
-                if isinstance(item, Tensor) and not isinstance(item, DTensor) and item.numel() != 1:
+                if isinstance(item, Tensor) and rejected(item):
                     return True
         return False
 
@@ -72,8 +74,10 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                 if mesh is other or not _another_mesh(mesh, other):  # (two objects of one mesh)
                     return NotImplemented
                 return handle_meshes(func, args, kwargs)
-        # _is_mixed_value inlined for positional arguments: no function call per argument. The first
-        # DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
+        # _is_mixed_value unrolled for positional arguments. ``isinstance(value, Tensor)`` comes before the
+        # predicate (operands.needs_promotion) everywhere: most arguments of a pure call that are no DTensor are
+        # no tensor either (dims, sizes, scalars), and cost no function call then. The first DTensor's mesh is
+        # kept, to notice (by identity: cheap) a DTensor on another one.
         mesh = None
         other_mesh = False
         for value in args:
@@ -92,9 +96,9 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                             mesh = item._spec.mesh
                         elif item._spec.mesh is not mesh and _another_mesh(mesh, item._spec.mesh):
                             other_mesh = True
-                    elif isinstance(item, Tensor) and not isinstance(item, DTensor) and item.numel() != 1:
+                    elif isinstance(item, Tensor) and rejected(item):
                         return handle_mixed(func, args, kwargs)
-            elif isinstance(value, Tensor) and not isinstance(value, DTensor) and value.numel() != 1:
+            elif isinstance(value, Tensor) and rejected(value):
                 return handle_mixed(func, args, kwargs)
         if kwargs:
             for value in kwargs.values():
