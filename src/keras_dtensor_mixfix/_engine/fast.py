@@ -1,9 +1,9 @@
-"""The fast path: the general path (general.py) for its commonest case, without its per-call objects.
+"""The fast path: the cache hit of the general path (general.py) for its commonest case.
 
 Its case: in eager mode, one DTensor and one plain tensor among the positional arguments (no other
 tensors anywhere), the plain one not written by the op, on the DTensor's local device, with more
-than one element, under the ``"replicate"`` rule given as a name and no option that adds
-per-operand work. For it, the general path always decides the same thing: the operand is promoted
+than one element, the op admitted by ``opstate.admit`` (the ``"replicate"`` rule given as a name and
+no option that adds per-operand work). For it, the general path always decides the same thing: the operand is promoted
 whole with ``placements.whole_layout``, the op runs, the plain ``.grad`` hook is attached and the
 promotion counted. This path does exactly that (same placements, errors, gradient hook and stats),
 with its per-call work cached per (op, plain position/shape/stride/dtype, peer spec) in a
@@ -105,7 +105,8 @@ def promote_fast(info: OpState, func: Any, args: Tuple[Any, ...], kwargs: Dict[s
     if index in traits.written or (kwargs and not no_tensors(kwargs)):
         return NOT_FAST
     # Eager only: while torch.compile traces, the local tensor is fake/functional, and a slice
-    # offset of this rank must never be baked into a graph (see construct.whole_dtensor).
+    # offset of this rank must never be baked into a graph (see construct.whole_dtensor). With the
+    # scan's exact types and the written test above: placements.layout_cacheable, unrolled.
     peer_local = peer._local_tensor
     local_type = type(peer_local)
     # On another device than the peer's local piece: the general path moves a CPU scalar or refuses

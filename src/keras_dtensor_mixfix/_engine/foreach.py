@@ -204,6 +204,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
                 local_lists[column][row] = local
                 key.append(item._spec)
             elif kind is _Tensor or kind is _Parameter:
+                # (with the exact types: placements.layout_cacheable, unrolled over the rows)
                 if position in written or item.requires_grad or item.numel() == 1:
                     return _NOT_DIRECT
                 key.append((item.shape, item.stride(), item.dtype))
