@@ -1,4 +1,4 @@
-"""Stage 1, entry: where a mixed call enters the engine, and which way it goes from there.
+"""The entry: where a mixed call enters the engine, and which way it goes from there.
 
 torch consults a per-op dispatch rule for DTensor (installed by the lifecycle layer, see
 ``_lifecycle/intercept.py``) on every dispatch of a hooked op that involves a DTensor. The rules
@@ -8,12 +8,14 @@ would raise the mixed-operand error (or crash, as it does on a plain one-element
 writes into); inside torch's ``implicit_replication()``, and where DTensor's own handler for the
 op accepts the call, torch's path runs.
 
-``promote_call`` then sends the call down one of three paths, each ending in the same stages
-(operands -> decide -> placements -> construct -> run):
+``promote_call``, the engine's one entrance, then sends the call one of three ways (the call graph:
+``_engine/__init__.py``):
 
-- fast.py: the common case (one DTensor, one plain operand, the ``"replicate"`` rule by name), cached;
-- foreach.py: ``_foreach_*`` ops, row by row;
-- general.py: everything else.
+- fast.py: the cache hit for the common case (one DTensor, one plain operand, admitted by
+  ``opstate.admit``); its first call of a shape asks placements.py, as the general path does;
+- foreach.py: ``_foreach_*`` ops: a direct plan (the same admission), else row groups down general.py;
+- general.py: everything else, stage by stage (operands -> decide -> devices -> placements ->
+  construct -> run).
 """
 
 from __future__ import annotations

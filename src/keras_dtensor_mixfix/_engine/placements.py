@@ -19,7 +19,7 @@ from .._rules.errors import describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._torch.api import DTensorSpec, is_traced
 from .caches import CACHES, remember
-from .construct import local_slice, make_spec
+from .specs import local_slice, make_spec
 
 _WHOLE_LAYOUTS = CACHES.whole_layouts
 _LOCAL_READINGS = CACHES.local_readings
@@ -154,7 +154,7 @@ class WholeLayout(NamedTuple):
     local_index: Optional[Tuple[slice, ...]]
     """This rank's slice of the whole tensor; None: all of it."""
     spec: DTensorSpec
-    """The promoted operand's spec (shared: see construct.make_spec)."""
+    """The promoted operand's spec (shared: see specs.make_spec)."""
 
 
 def whole_layout(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeLayout:
