@@ -63,9 +63,9 @@ class EngineCaches:
     __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "same_ranks", "equal_meshes", "fast_options")
 
     def __init__(self) -> None:
-        # (global shape, mesh, placements) -> this rank's slice of a whole tensor (construct.local_slice).
+        # (global shape, mesh, placements) -> this rank's slice of a whole tensor (specs.local_slice).
         self.slices: Dict[Tuple[Any, ...], Any] = {}
-        # (mesh, placements, shape, stride, dtype) -> DTensorSpec (construct.make_spec, eager only).
+        # (mesh, placements, shape, stride, dtype) -> DTensorSpec (specs.make_spec, eager only).
         self.specs: Dict[Tuple[Any, ...], Any] = {}
         # (elementwise, plain shape, stride, dtype, peer spec) -> WholeLayout (placements.cached_whole_layout).
         self.whole_layouts: Dict[Tuple[Any, ...], Any] = {}

@@ -11,61 +11,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement, Replicate
 
-from .._torch.api import (DTensorSpec, TensorMeta, compute_local_shape_and_global_offset, dtensor_fast_constructor,
-                          is_traced, redistribute_local_tensor)
-from .caches import CACHES, remember
-
-_SLICES = CACHES.slices
-# Specs are immutable once built (torch itself shares one spec between DTensors, e.g. from its
-# sharding-propagation cache), and building one costs about 12 us, so promotions in eager mode
-# reuse them. Never used while tracing: sizes may be symbolic there.
-_SPECS = CACHES.specs
-
-# Placement types whose specs may be shared; anything else (_StridedShard, user subclasses) is
-# built afresh each time.
-SHAREABLE_PLACEMENTS = (Shard, Replicate, Partial)
+from .._torch.api import DTensorSpec, dtensor_fast_constructor, is_traced, redistribute_local_tensor
+from .specs import contiguous_stride, local_slice, make_spec
+from .specs import region  # noqa: F401 - read from here by the Keras layer (_keras/)
 
 Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
-
-
-def region(offsets: Sequence[int], shape: Sequence[int]) -> Tuple[slice, ...]:
-    """The slices of the block of ``shape`` that starts at ``offsets``."""
-    return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
-
-
-def local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
-    """This rank's slice of a tensor of global ``shape`` laid out with ``placements`` on ``mesh``."""
-    key = (shape, mesh, placements)
-    found = _SLICES.get(key)
-    if found is None:
-        local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
-        found = region(offsets, local_shape)
-        remember(_SLICES, key, found)
-    return found
-
-
-def contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
-    stride: List[int] = []
-    running = 1
-    for size in reversed(shape):
-        stride.append(running)
-        running *= max(int(size), 1)
-    return tuple(reversed(stride))
-
-
-def make_spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
-              cache: bool = False) -> DTensorSpec:
-    """A spec; with ``cache`` (eager only: concrete sizes) an equal spec built before is reused."""
-    if not cache or not all(type(p) in SHAREABLE_PLACEMENTS for p in placements):
-        return DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
-    key = (mesh, placements, tuple(shape), tuple(stride), dtype)
-    found = _SPECS.get(key)
-    if found is None:
-        found = DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
-        remember(_SPECS, key, found)
-    return found
 
 
 # Eager promotions build DTensors with the C++ constructor alone (see dtensor_fast_constructor);

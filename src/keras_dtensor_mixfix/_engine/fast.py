@@ -1,9 +1,9 @@
-"""The fast path: the general path (general.py) for its commonest case, without its per-call objects.
+"""The fast path: the cache hit of the general path (general.py) for its commonest case.
 
 Its case: in eager mode, one DTensor and one plain tensor among the positional arguments (no other
 tensors anywhere), the plain one not written by the op, on the DTensor's local device, with more
-than one element, under the ``"replicate"`` rule given as a name and no option that adds
-per-operand work. For it, the general path always decides the same thing: the operand is promoted
+than one element, the op admitted by ``opstate.admit`` (the ``"replicate"`` rule given as a name and
+no option that adds per-operand work). For it, the general path always decides the same thing: the operand is promoted
 whole with ``placements.whole_layout``, the op runs, the plain ``.grad`` hook is attached and the
 promotion counted. This path does exactly that (same placements, errors, gradient hook and stats),
 with its per-call work cached per (op, plain position/shape/stride/dtype, peer spec) in a
@@ -31,13 +31,13 @@ from . import stats as _stats
 from .._rules.decisions import REPLICATE, Operand
 from .._rules.registry import registry as _registry
 from .._torch.api import DTensorSpec
-from .caches import CACHES as _CACHES
-from .caches import FastOptions, remember
+from .caches import remember
 from .construct import local_piece, new_dtensor
 from .context import options as _current_options
 from .direct import IN_PLACE
 from .operands import no_tensors
 from .opstate import UNDECIDED, OpState
+from .opstate import admit as _admit
 from .placements import whole_layout
 from .run import Described, call_op, wrap_result
 
@@ -105,7 +105,8 @@ def promote_fast(info: OpState, func: Any, args: Tuple[Any, ...], kwargs: Dict[s
     if index in traits.written or (kwargs and not no_tensors(kwargs)):
         return NOT_FAST
     # Eager only: while torch.compile traces, the local tensor is fake/functional, and a slice
-    # offset of this rank must never be baked into a graph (see construct.whole_dtensor).
+    # offset of this rank must never be baked into a graph (see construct.whole_dtensor). With the
+    # scan's exact types and the written test above: placements.layout_cacheable, unrolled.
     peer_local = peer._local_tensor
     local_type = type(peer_local)
     # On another device than the peer's local piece: the general path moves a CPU scalar or refuses
@@ -113,18 +114,14 @@ def promote_fast(info: OpState, func: Any, args: Tuple[Any, ...], kwargs: Dict[s
     if (local_type is not _Tensor and local_type is not _Parameter) or plain.numel() == 1 \
             or plain.device != peer_local.device:
         return NOT_FAST
-    # opstate.fast_flags, inlined (one Python call is ~1% of this path): the rule in force for the op
-    # is "replicate" by name and no option adds per-operand work.
-    version = _registry.version
-    if info.version != version:
-        info.rule = _registry.lookup(func)
-        info.version = version
-    rule = info.rule
-    options = _current_options()
-    flags = _CACHES.fast_options
-    if options is not flags.options:
-        flags = _CACHES.fast_options = FastOptions(options)
-    if not flags.allowed or not (flags.replicate_default if rule is None else type(rule) is str and rule == REPLICATE):
+    # The admission (opstate.admit), as remembered for the options and rules in force; the test that it is
+    # still current is opstate.admission's, inline (one Python call is ~1% of this path).
+    admission = info.admission
+    if admission.options is not _current_options() or admission.version != _registry.version:
+        flags = _admit(info, func)
+    else:
+        flags = admission.flags
+    if flags is None:
         return NOT_FAST
     key = (index, plain.shape, plain.stride(), plain.dtype, peer._spec)
     entry = info.fast.get(key)

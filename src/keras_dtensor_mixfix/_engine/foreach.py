@@ -26,7 +26,7 @@ from .caches import remember
 from .construct import local_piece, new_dtensor
 from .general import promote_general
 from .operands import needs_promotion
-from .opstate import UNDECIDED, OpState, fast_flags
+from .opstate import UNDECIDED, OpState, admission
 from .placements import cached_whole_layout
 from .run import call_op, wrap_result
 
@@ -90,7 +90,7 @@ def rows_on_several_meshes(args: Tuple[Any, ...], traits: OpTraits) -> bool:
 def promote_foreach(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], info: OpState) -> Any:
     """Promote the plain operands of the ``_foreach_*`` call ``func(*args, **kwargs)`` and run it."""
     traits = info.traits
-    flags = fast_flags(info, func) if traits.tensor_lists else None
+    flags = admission(info, func) if traits.tensor_lists else None
     if flags is not None and flags.direct:
         result = _foreach_direct(func, args, kwargs, traits, info)
         if result is not _NOT_DIRECT:
@@ -204,6 +204,7 @@ def _foreach_direct(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
                 local_lists[column][row] = local
                 key.append(item._spec)
             elif kind is _Tensor or kind is _Parameter:
+                # (with the exact types: placements.layout_cacheable, unrolled over the rows)
                 if position in written or item.requires_grad or item.numel() == 1:
                     return _NOT_DIRECT
                 key.append((item.shape, item.stride(), item.dtype))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
-import torch
 from torch.distributed.tensor import DTensor
 
 from .._rules.decisions import REPLICATE, Operand
@@ -22,11 +21,9 @@ from .devices import on_mesh_device
 from .meshes import as_plain_on_one_mesh
 from .operands import build_call, collect_operands
 from .opstate import op_state
-from .placements import cached_whole_layout, local_layout, whole_placements
+from .placements import cached_whole_layout, layout_cacheable, local_layout, whole_placements
 from .run import Promoted, run_promoted
 from .whole import replicated
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # exact types: eager tensors (a traced one is a subclass)
 
 
 def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits) -> Any:
@@ -49,9 +46,9 @@ def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
             # "local": the operand is this rank's piece.
             placements, shape = local_layout(operand, peer, mesh, traits, decision)
             dtensor = local_dtensor(plain, mesh, placements, shape)
-        elif decision.placements is None and not operand.written and peer._spec.mesh is mesh \
-                and type(plain) in _PLAIN and type(peer._local_tensor) in _PLAIN:
-            # "replicate", eager, default decision: the fast path's layout, cached (foreach rows come here).
+        elif decision.placements is None and peer._spec.mesh is mesh and layout_cacheable(plain, peer, operand.written):
+            # "replicate", the default decision, on the peer's mesh: the fast path's layout, cached (foreach rows
+            # come here).
             layout = cached_whole_layout(plain, peer, traits, operand.position)
             placements = layout.placements
             dtensor = new_dtensor(local_piece(plain, layout.local_index), layout.spec, True)

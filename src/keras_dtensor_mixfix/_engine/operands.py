@@ -15,7 +15,18 @@ _Parameter = torch.nn.Parameter  # plain too: ``type(p) is Parameter`` for an nn
 
 
 def needs_promotion(value: object) -> bool:
-    """A plain tensor torch itself would reject next to a DTensor (one-element ones it accepts)."""
+    """Whether ``value`` is a plain tensor torch itself would reject next to a DTensor.
+
+    The one definition of "a plain multi-element tensor": the dispatch rules (entry.py) act on a call
+    only for such an operand, and the general path promotes only those it reads. A one-element plain
+    tensor torch accepts as a scalar (except as the tensor an op writes into: see ``build_call``).
+
+    Args:
+        value: any argument of an op call.
+
+    Returns:
+        True for a tensor that is no DTensor and has other than one element.
+    """
     return isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.numel() != 1
 
 
@@ -45,7 +56,7 @@ def build_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], operand
         if not any(mesh == known for known in meshes):
             meshes.append(mesh)
     # torch accepts one-element plain operands itself, except as the tensor an op writes into
-    plain = tuple(o for o in operands if o.is_plain and (o.written or o.tensor.numel() != 1))
+    plain = tuple(o for o in operands if o.is_plain and (o.written or needs_promotion(o.tensor)))
     return MixedCall(func, args, kwargs, tuple(operands), plain, peers, meshes[0] if len(meshes) == 1 else None, tuple(meshes))  # type: ignore[arg-type]
 
 

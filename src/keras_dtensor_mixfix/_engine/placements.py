@@ -19,7 +19,7 @@ from .._rules.errors import describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._torch.api import DTensorSpec, is_traced
 from .caches import CACHES, remember
-from .construct import local_slice, make_spec
+from .specs import local_slice, make_spec
 
 _WHOLE_LAYOUTS = CACHES.whole_layouts
 _LOCAL_READINGS = CACHES.local_readings
@@ -154,7 +154,7 @@ class WholeLayout(NamedTuple):
     local_index: Optional[Tuple[slice, ...]]
     """This rank's slice of the whole tensor; None: all of it."""
     spec: DTensorSpec
-    """The promoted operand's spec (shared: see construct.make_spec)."""
+    """The promoted operand's spec (shared: see specs.make_spec)."""
 
 
 def whole_layout(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeLayout:
@@ -176,8 +176,31 @@ def whole_layout(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeLayo
     return WholeLayout(placements, local_index, make_spec(mesh, placements, shape, plain.stride(), plain.dtype, cache=True))
 
 
+EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+"""The exact types of an eager tensor: while torch.compile traces, tensors are subclasses (fake, functional)."""
+
+
+def layout_cacheable(plain: torch.Tensor, peer: DTensor, written: bool) -> bool:
+    """Whether the whole layout of the plain operand ``plain`` beside ``peer`` may be taken from the cache.
+
+    It may for an eager operand the op only reads, beside an eager local piece: a layout holds this rank's
+    slice of the operand, whose offset must never be baked into a traced graph, and a written operand
+    runs on whole values (general.py). fast.py and foreach.py's direct path test the same while they scan
+    a call's arguments (the types decide which argument is the plain one).
+
+    Args:
+        plain: the plain operand.
+        peer: the DTensor it is promoted beside.
+        written: whether the op writes into ``plain``.
+
+    Returns:
+        True where ``cached_whole_layout`` may serve it.
+    """
+    return not written and type(plain) in EAGER_TYPES and type(peer._local_tensor) in EAGER_TYPES
+
+
 def cached_whole_layout(plain: torch.Tensor, peer: DTensor, traits: OpTraits, position: Tuple[Any, ...]) -> WholeLayout:
-    """``whole_layout`` for an eager plain operand (not written) at ``position``, cached."""
+    """``whole_layout`` for a plain operand at ``position`` that ``layout_cacheable`` admits, cached."""
     key = (traits.elementwise, plain.shape, plain.stride(), plain.dtype, peer._spec)
     layout = _WHOLE_LAYOUTS.get(key)
     if layout is None:
