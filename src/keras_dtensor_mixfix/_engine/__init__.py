@@ -14,7 +14,7 @@ entry.py        the dispatch rules torch calls, the torch-first policy, and ``pr
   general.py    every other call, stage by stage:
     operands.py    find the call's plain and DTensor operands (a ``MixedCall``); the one definition of
                    "a plain multi-element tensor" (``needs_promotion``), which the dispatch rules spell
-                   out in their loops (held to it by tests/unit/test_entry_rules.py);
+                   out in their loops (held to it by tests/unit/engine/test_entry_rules.py);
     decide.py      ask the rule; one checked decision, mesh and peer per plain operand;
     devices.py     where each plain operand's piece must sit;
     placements.py  how each operand is laid out (its spec and slice from specs.py), cached for eager

@@ -79,7 +79,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                 return handle_meshes(func, args, kwargs)
         # _is_mixed_value unrolled for positional arguments, with the predicate (operands.needs_promotion)
         # spelled out: a call per plain argument costs ~55 ns on every pure call with a scalar tensor (``dt * 2.0``)
-        # and on every mixed one (tests/unit/test_entry_rules.py holds the two spellings to one answer). The first
+        # and on every mixed one (tests/unit/engine/test_entry_rules.py holds the two spellings to one answer). The first
         # DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
         mesh = None
         other_mesh = False
