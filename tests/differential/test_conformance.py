@@ -2,7 +2,7 @@
 
 The promise under test (docs/rules.md): a program that already runs without the plugin behaves bit
 for bit the same after ``patch()``. Each program below runs inside the rank workers unpatched, then
-patched, from the same seeds (``tests/_conformance.py``: ``differential``), and every value, placement,
+patched, from the same seeds (``tests/_differential.py``: ``differential``), and every value, placement,
 gradient (type and value), collective count and DTensor op seen by ``CommDebugMode`` must be
 identical: bit equality, not allclose. 2 ranks use a 1-D mesh; 4 ranks the 2x2 ("dp", "tp") mesh of
 ``_ranks.mesh_for``, or a 1-D mesh of 4 for the FSDP2-only programs. Besides the differential
@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from _conformance import COMPILED_RUNS, assert_conformant, current_run, differential, restored_patch_state, set_patched
+from _differential import COMPILED_RUNS, assert_conformant, current_run, differential, restored_patch_state, set_patched
 from _ranks import mesh_for, placements_for, rank, shard
 from keras_dtensor_mixfix.testing import mesh, run_on_ranks
 

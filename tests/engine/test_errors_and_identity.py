@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from _differential import assert_conformant, differential
 from _ranks import close, mesh_for, placements_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
@@ -85,48 +86,38 @@ def test_errors_name_op_operand_shapes_placements_mesh_and_the_fix(world_size):
 # --------------------------------------------------------------------------- identity
 
 
-def pure_programs(world_size):
-    """Programs that already run without the patch: record values and placements."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
+def program_that_already_runs(world_size):
+    """A program torch runs without the patch (no mixed operand reaches its error): values, placements, grads.
+
+    Patched, it also returns what was promoted: nothing, or the patched record differs from the unpatched one.
+    """
+    from torch.distributed.tensor import Replicate, Shard
 
     import keras_dtensor_mixfix as mf
 
     m = mesh_for(world_size)
+    a, b = torch.randn(8, 6), torch.randn(8, 6)
+    da = shard(a, m, placements_for(m, 0), True)
+    db = shard(b, m, placements_for(m, 1), True)
+    dr = shard(b, m, [Replicate()] * m.ndim)
+    y = (da * db + dr).relu() @ shard(torch.randn(6, 3), m, placements_for(m, 1))
+    results = {
+        "y": y,
+        "one-element plain": da * torch.tensor(3.0),  # torch promotes a one-element plain tensor itself
+        "cat": torch.cat([da, dr], dim=0),
+        "stack": torch.stack([da.sum(), db.sum()]),
+        "plain only": torch.randn(5, 5) @ torch.randn(5, 5),
+        "partial": shard(a, m, [Shard(0)] * m.ndim).sum(dim=0),
+    }
+    (y * y).mean().backward()
+    results.update(da_grad=da.grad, db_grad=db.grad, promoted=mf.stats() if mf.is_patched() else {})
+    return results
 
-    def run():
-        torch.manual_seed(0)
-        a, b = torch.randn(8, 6), torch.randn(8, 6)
-        da = shard(a, m, placements_for(m, 0), True)
-        db = shard(b, m, placements_for(m, 1), True)
-        dr = shard(b, m, [Replicate()] * m.ndim)
-        results = []
-        y = (da * db + dr).relu() @ shard(torch.randn(6, 3), m, placements_for(m, 1))
-        results.append(y)
-        results.append(da * torch.tensor(3.0))  # one-element plain tensor: torch promotes it itself
-        results.append(torch.cat([da, dr], dim=0))
-        results.append(torch.stack([da.sum(), db.sum()]))
-        loss = (y * y).mean()
-        loss.backward()
-        results.append(da.grad)
-        results.append(db.grad)
-        plain = torch.randn(5, 5) @ torch.randn(5, 5)  # plain-only code
-        results.append(plain)
-        partial = shard(a, m, [Shard(0)] * m.ndim).sum(dim=0)
-        results.append(partial)
-        return [(r.to_local().clone() if hasattr(r, "to_local") else r.clone(),
-                 getattr(r, "placements", None), type(r).__name__) for r in results]
 
-    unpatched = run()
-    with mf.patched():
-        patched = run()
-        stats = mf.stats()
-    for (u, up, ut), (p, pp, pt) in zip(unpatched, patched):
-        assert ut == pt and up == pp, (ut, pt, up, pp)
-        assert torch.equal(u, p)
-    assert stats == {}, stats  # nothing was promoted: the patch did nothing
-    _ = Partial
-    return len(unpatched)
+def programs_already_running(world_size):
+    return differential(program_that_already_runs, world_size)
 
 
 def test_programs_that_already_run_are_unchanged(world_size):
-    assert run_on_ranks(pure_programs, world_size, world_size=world_size) == [8] * world_size
+    answer = assert_conformant(run_on_ranks(programs_already_running, world_size, world_size=world_size))
+    assert answer["refused"] is None and answer["reference"], answer

@@ -18,13 +18,8 @@ by exactly that line.
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from _differential import run_with_package_on_and_off, text_diff
 
 pytest.importorskip("keras", reason="Keras is not importable here (pip install keras): these tests run Keras programs")
 
@@ -400,50 +395,11 @@ def _package_lines(stderr: str) -> list:
     return [line for line in stderr.splitlines() if "keras_dtensor_mixfix" in line]
 
 
-def _run_both(script, tmp_path):
-    """Runs ``script`` with the package active and off, side by side; returns {mode: (result, state)}."""
-    base = {key: value for key, value in os.environ.items() if not key.startswith("KERAS_DTENSOR_MIXFIX")}
-    base.update(
-        KERAS_BACKEND="torch",
-        # One intra-op thread: the two runs side by side do not compete for a 2-core machine's cores, and both
-        # split every reduction the same way, so the same computation gives the same bits.
-        OMP_NUM_THREADS="1",
-        PYTHONHASHSEED="0",  # the same set and dict orders in both runs, whatever Keras iterates
-    )
-    started = {}
-    for mode in ("1", "0"):
-        run_dir = tmp_path / f"mixfix{mode}"
-        run_dir.mkdir()
-        env = dict(base, KERAS_DTENSOR_MIXFIX=mode, MIXFIX_TEST_STATE_FILE=str(run_dir / "state.json"),
-                   KERAS_HOME=str(run_dir / "keras_home"))  # no keras.json of the user's, none shared
-        # Its own working directory: the programs save files by the same relative names in both runs.
-        started[mode] = subprocess.Popen([sys.executable, str(script)], cwd=run_dir, env=env, text=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    results = {}
-    for mode, process in started.items():
-        try:
-            stdout, stderr = process.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for other in started.values():
-                other.kill()
-            raise
-        state_file = tmp_path / f"mixfix{mode}" / "state.json"
-        state = json.loads(state_file.read_text()) if state_file.exists() else None
-        results[mode] = (subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), state)
-    return results
-
-
-def _diff(name: str, reference: str, active: str) -> str:
-    lines = list(difflib.unified_diff(reference.splitlines(), active.splitlines(), f"{name}, KERAS_DTENSOR_MIXFIX=0",
-                                      f"{name}, KERAS_DTENSOR_MIXFIX=1", n=2, lineterm=""))
-    return "\n".join(lines[:60] + ([f"... ({len(lines) - 60} more diff lines)"] if len(lines) > 60 else []))
-
-
 @pytest.mark.parametrize("program", list(PROGRAMS))
 def test_plain_program_runs_identically_with_the_package_active_and_off(program, tmp_path, request):
     script = tmp_path / f"{program}.py"
     script.write_text(PROLOGUE + PROGRAMS[program] + EPILOGUE)
-    runs = _run_both(script, tmp_path)
+    runs = run_with_package_on_and_off(script, tmp_path, KERAS_BACKEND="torch")
     (reference, off_state), (active, on_state) = runs["0"], runs["1"]
 
     # The reference run is a working program (or fails where it means to), so an equal pair proves something.
@@ -466,6 +422,6 @@ def test_plain_program_runs_identically_with_the_package_active_and_off(program,
             request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError,
                                                   reason=KNOWN_DIFFERENCES[program]))
 
-    assert active.stdout == reference.stdout, "stdout differs:\n" + _diff(program, reference.stdout, active.stdout)
-    assert active_stderr == reference.stderr, "stderr differs:\n" + _diff(program, reference.stderr, active_stderr)
+    assert active.stdout == reference.stdout, "stdout differs:\n" + text_diff(program, reference.stdout, active.stdout)
+    assert active_stderr == reference.stderr, "stderr differs:\n" + text_diff(program, reference.stderr, active_stderr)
     assert active.returncode == reference.returncode

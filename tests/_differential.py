@@ -1,6 +1,14 @@
-"""Differential runs for the conformance suite: one program, unpatched and patched, compared bit for bit.
+"""The one differential harness: the same program without the package and with it, compared bit for bit.
 
-A *program* is a module-level function run on every rank. It builds all of its state itself
+Two forms, for the two places a difference can come from:
+
+- in a rank worker (:func:`differential`, below): a program run unpatched and patched in one process, for
+  everything torch does with and without the promotion (the conformance corpus, programs with no mixed op);
+- in fresh processes (:func:`run_with_package_on_and_off`, at the end): a whole script run twice, with
+  auto-activation on and off, for what importing the package changes (the Keras integration installs
+  itself at ``import keras``); stdout, stderr and the exit code are compared.
+
+In a rank worker, a *program* is a module-level function run on every rank. It builds all of its state itself
 (seeded), runs, and returns a pytree (dicts, lists, tuples) of tensors, DTensors, placements and
 plain Python values. :func:`differential` runs it several times inside the rank worker, in this
 order by default:
@@ -287,3 +295,59 @@ def assert_conformant(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     assert not lines, "patched run differs from unpatched:\n" + "\n".join(lines[:40]) + (
         f"\n... and {len(lines) - 40} more" if len(lines) > 40 else "")
     return per_rank[0]
+
+
+# --------------------------------------------------------------------------- whole processes
+
+
+def run_with_package_on_and_off(script: Any, tmp_path: Any, *, timeout: float = 300,
+                                **env: str) -> Dict[str, Tuple[Any, Optional[Dict[str, Any]]]]:
+    """Run ``script`` with auto-activation on (``"1"``) and off (``"0"``), side by side, in fresh processes.
+
+    Each run gets its own working directory (the programs may write files by the same relative names) and
+    ``MIXFIX_TEST_STATE_FILE``, a path the script may write JSON to (what the package did, read after the
+    program, so that stdout stays comparable). ``env`` is added to both runs' environment. Returns
+    ``{"1": (CompletedProcess, state or None), "0": (...)}``.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    base = {key: value for key, value in os.environ.items() if not key.startswith("KERAS_DTENSOR_MIXFIX")}
+    base.update(
+        # One intra-op thread: the two runs side by side do not compete for a 2-core machine's cores, and both
+        # split every reduction the same way, so the same computation gives the same bits.
+        OMP_NUM_THREADS="1",
+        PYTHONHASHSEED="0",  # the same set and dict orders in both runs
+    )
+    base.update(env)
+    started = {}
+    for mode in ("1", "0"):
+        run_dir = tmp_path / f"mixfix{mode}"
+        run_dir.mkdir()
+        run_env = dict(base, KERAS_DTENSOR_MIXFIX=mode, MIXFIX_TEST_STATE_FILE=str(run_dir / "state.json"),
+                       KERAS_HOME=str(run_dir / "keras_home"))  # no keras.json of the user's, none shared
+        started[mode] = subprocess.Popen([sys.executable, str(script)], cwd=run_dir, env=run_env, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = {}
+    for mode, process in started.items():
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in started.values():
+                other.kill()
+            raise
+        state_file = tmp_path / f"mixfix{mode}" / "state.json"
+        state = json.loads(state_file.read_text()) if state_file.exists() else None
+        results[mode] = (subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), state)
+    return results
+
+
+def text_diff(name: str, reference: str, active: str, limit: int = 60) -> str:
+    """A unified diff of one output stream of :func:`run_with_package_on_and_off` (package off, then on)."""
+    import difflib
+
+    lines = list(difflib.unified_diff(reference.splitlines(), active.splitlines(), f"{name}, KERAS_DTENSOR_MIXFIX=0",
+                                      f"{name}, KERAS_DTENSOR_MIXFIX=1", n=2, lineterm=""))
+    return "\n".join(lines[:limit] + ([f"... ({len(lines) - limit} more diff lines)"] if len(lines) > limit else []))
