@@ -41,9 +41,9 @@ import logging
 import threading
 from typing import List, Optional
 
-from ._keras import (activations, backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate,
+from ._keras import (activations, attention_ops, embedding_ops, reduction_ops, tensor_ops, backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate,
                      keras_modules, layer_compile, local_einsum, normalization, promotion_mode, reductions, repeat, reshape, saving,
-                     sharded_ops, tracebacks, values, variables, vocab_parallel_loss, whole_weights)
+                     tracebacks, values, variables, vocab_parallel_loss, whole_weights)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
@@ -135,7 +135,10 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
             added.append("layouts: a large weight the layout map leaves whole is named in a warning")
             if ddp.install(patches):
                 added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
-            sharded_ops.install(patches)
+            embedding_ops.install(patches)
+            reduction_ops.install(patches)
+            tensor_ops.install(patches)
+            attention_ops.install(patches)
             local_einsum.install(patches)
             einsum_kernel_split.install(patches)  # wraps local_einsum's einsum: installed after it
             added.append("ops: einsum runs on local pieces where shardings line up (or are lined up), take gathers "

@@ -17,8 +17,9 @@ Each ``install(patches)`` records every attribute it replaces in the patch recor
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
 - :mod:`.saving`: rank 0 writes;
 - :mod:`.ddp`: models with DTensor weights kept out of Keras' ``DistributedDataParallel`` wrap;
-- :mod:`.sharded_ops`: ``take``, ``slice_update``, attention and min/max/all/any reductions where DTensor
-  cannot run Keras' version;
+- Keras ops DTensor cannot run as Keras writes them, one module per op family: :mod:`.embedding_ops`
+  (``take``), :mod:`.reduction_ops` (min/max/all/any, argmax/argmin), :mod:`.tensor_ops` (``slice_update``,
+  ``one_hot``), :mod:`.attention_ops` (``dot_product_attention``);
 - :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
 - :mod:`.einsum_kernel_split`: a kernel re-split so that more einsums line up;
 - :mod:`.vocab_parallel_loss`: sparse categorical cross-entropy over class-split logits, never gathered;

@@ -149,7 +149,7 @@ def check_compile_hooks() -> str:
 
 def check_backend_ops() -> str:
     from .activations import AFFECTED as ACTIVATIONS
-    from .sharded_ops import ARG_REDUCTIONS
+    from .reduction_ops import ARG_REDUCTIONS
 
     _require(keras_modules.core(), ("convert_to_numpy", "convert_to_tensor", "cast", "get_device", "slice_update"),
              "the torch backend's core")

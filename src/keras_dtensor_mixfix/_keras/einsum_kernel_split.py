@@ -10,7 +10,7 @@ size (Llama3, hidden 512, 8 heads, 4 layers, batch 8 x 128 tokens, (1, 2) mesh):
 twice.
 
 Splitting the kernel along an output label instead (Megatron's column-parallel projection) needs no
-reduction of the result: each rank computes its own heads, attention runs on them (``sharded_ops``),
+reduction of the result: each rank computes its own heads, attention runs on them (``attention_ops``),
 and the output projection, split along heads too, leaves one partial sum per layer. The kernel's
 re-split costs one gather of the kernel per step, and one of its gradient; it is done only where the
 kernel (a layer's weight) is smaller than the result whose reduction it replaces, and only along the
