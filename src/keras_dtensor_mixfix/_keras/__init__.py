@@ -1,8 +1,11 @@
 """The Keras integration, one module per concern; :mod:`keras_dtensor_mixfix.keras_integration` installs them.
 
-Each ``install(patches)`` records every attribute it replaces in the patch recorder it is given
-(``_lifecycle.recorder.PatchRecorder``), so that ``uninstall()`` restores Keras exactly.
+Each module declares what it changes in Keras as :class:`.overrides.Override` values (target attributes, what
+they come after, the Keras releases that need them, a report line); ``keras_integration.install()`` applies them
+in one loop through one patch recorder (``_lifecycle.recorder.PatchRecorder``), so that ``uninstall()`` restores
+Keras exactly.
 
+- :mod:`.overrides`: the declaration, its order, and the recorder that notes which override replaced what;
 - :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
   installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;
 - :mod:`.keras_gate`: which Keras releases the integration installs into (and the opt-in for a newer one);

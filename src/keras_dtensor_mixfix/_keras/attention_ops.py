@@ -18,12 +18,20 @@ from typing import Any
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .local_pieces import from_pieces, piece
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _attention_on_local_rows_and_heads(patches: PatchRecorder) -> None:
     nn = keras_modules.backend_nn()
     rebind_everywhere(patches, nn.dot_product_attention, _local_attention(nn.dot_product_attention))
+
+
+OVERRIDE = Override(
+    name="attention", kind=Kind.OPS, family="attention",
+    owner="backend_nn() (and every Keras module importing it)",
+    attributes=("dot_product_attention",), description="ops: attention runs on local rows and heads",
+    apply=_attention_on_local_rows_and_heads)
 
 
 BATCH, HEADS = 0, 2  # dims of Keras' (batch, length, heads, depth) attention operands

@@ -26,16 +26,14 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 
-def install(patches: PatchRecorder) -> bool:
-    """Wrap the trainer's ``_initialize_ddp`` where this Keras has one; returns whether it did."""
+def _sharded_models_left_unwrapped(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
-    original = getattr(trainer_class, "_initialize_ddp", None)
-    if original is None:
-        return False
+    original = trainer_class._initialize_ddp
 
     def _initialize_ddp(self: Any) -> Any:
         if getattr(self, "ddp_model", None) is None and holds_dtensor_parameters(self):
@@ -52,7 +50,15 @@ def install(patches: PatchRecorder) -> bool:
         return result
 
     patches.set(trainer_class, "_initialize_ddp", _initialize_ddp)
-    return True
+
+
+OVERRIDE = Override(
+    name="DistributedDataParallel wrap", kind=Kind.TRAIN_STEP, owner="trainer_class()",
+    attributes=("_initialize_ddp",),
+    description="trainer: models with sharded weights are not wrapped in DistributedDataParallel",
+    apply=_sharded_models_left_unwrapped,
+    needed=lambda: getattr(keras_modules.trainer_class(), "_initialize_ddp", None) is not None)
+"""On a Keras that wraps models in ``DistributedDataParallel`` (3.16)."""
 
 
 def holds_dtensor_parameters(model: Any) -> bool:

@@ -41,14 +41,23 @@ from typing import Any, Optional, Sequence, Set, Tuple
 from . import keras_modules
 from .local_einsum import label_sizes, parse
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _kernel_split_einsum(patches: PatchRecorder) -> None:
     """Wrap the einsum installed now (``local_einsum``'s, installed before this)."""
     numpy_module = keras_modules.backend_numpy()
     current = numpy_module.einsum
     rebind_everywhere(patches, current, _kernel_split_on_output(current))
+
+
+OVERRIDE = Override(
+    name="einsum kernel split", kind=Kind.OPS, family="einsum",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=("einsum",), description="ops: a kernel re-split so that more einsums line up",
+    apply=_kernel_split_einsum, after=("local einsum",))
+"""Wraps the einsum ``local einsum`` installed."""
 
 
 def _kernel_split_on_output(inner: Any) -> Any:

@@ -17,15 +17,24 @@ from typing import Any
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .local_pieces import first_index_here, from_pieces, piece
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _settled_lookup(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
     core = keras_modules.core()
     if not _SETTLE:
         _SETTLE.append(_settle_function())
     rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take, core.convert_to_tensor))
+
+
+OVERRIDE = Override(
+    name="take", kind=Kind.OPS, family="embedding",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=("take",),
+    description="ops: take gathers a table split where its ids are and settles masked partials",
+    apply=_settled_lookup)
 
 
 def _settled_take(original: Any, convert_to_tensor: Any) -> Any:

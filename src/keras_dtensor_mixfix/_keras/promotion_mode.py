@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -29,7 +30,7 @@ _keras_activate: Optional[Callable[[], None]] = None
 _warned_stuck = False
 
 
-def install(patches: PatchRecorder) -> None:
+def _replace_keras_mode(patches: PatchRecorder) -> None:
     """Replace Keras' ``activate_dtensor_promotion`` (its distribution_lib calls the core's by name)."""
     global _core, _keras_activate
     from .._lifecycle.patching import add_state_listener, is_patched
@@ -61,6 +62,14 @@ def uninstall() -> None:
     if core is not None and _keras_wants_mode() and core._get_dtensor_promotion_mode() is None:
         core.activate_dtensor_promotion()
 
+
+OVERRIDE = Override(
+    name="promotion mode", kind=Kind.BACKEND_PROTOCOL, owner="core()",
+    attributes=("activate_dtensor_promotion",),
+    description="promotion: ours replaces Keras' KerasDTensorPromotionMode while patched",
+    apply=_replace_keras_mode, needed=keras_modules.native_promotion_mode, undo=uninstall)
+"""Keras 3.16. Its ``undo`` runs after ``uninstall()`` has unpatched the package (if it patched it), so that
+Keras' own mode comes back where Keras would have it."""
 
 def _on_patch_state(patched: bool) -> None:
     try:

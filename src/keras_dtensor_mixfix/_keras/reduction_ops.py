@@ -28,10 +28,11 @@ from typing import Any
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .local_pieces import first_index_here, from_pieces, gathered, piece
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _settled_reductions(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
     for name in SETTLED_REDUCTIONS:
         original = getattr(numpy_module, name, None)
@@ -166,3 +167,11 @@ def whole_along(value: Any, axis: Any) -> Any:
     if wanted == tuple(value.placements):
         return value
     return value.redistribute(value.device_mesh, wanted)
+
+
+OVERRIDE = Override(
+    name="reductions", kind=Kind.OPS, family="reduction",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=SETTLED_REDUCTIONS + ARG_REDUCTIONS,
+    description="ops: min, max, all and any over a sharded axis settled at once; argmax and argmin over a split dim",
+    apply=_settled_reductions)

@@ -17,14 +17,23 @@ from typing import Any
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .local_pieces import from_pieces, piece
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
     core = keras_modules.core()
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
     nn = keras_modules.backend_nn()
     rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
+
+
+OVERRIDE = Override(
+    name="slice_update and one_hot", kind=Kind.OPS, family="tensor",
+    owner="core(), backend_nn() (and every Keras module importing them)",
+    attributes=("slice_update", "one_hot"),
+    description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling",
+    apply=_slice_update_and_one_hot)
 
 
 def _replicated_slice_update(original: Any) -> Any:
