@@ -21,7 +21,7 @@ from typing import Any, Callable
 from . import ddp, keras_modules, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
-from .patches import rebind_everywhere
+from .patches import rebind_everywhere, replaced_for_the_call
 
 
 def _cast_traceable(patches: PatchRecorder) -> None:
@@ -118,15 +118,11 @@ def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, for
     import torch
 
     per_layer = layer_compile.prepare(trainer)
-    real_compile = torch.compile
-    if per_layer:
-        torch.compile = _not_compiled  # type: ignore[assignment]
-    else:
-        torch.compile = functools.partial(real_compile, dynamic=False)  # type: ignore[assignment]
-    try:
+    # torch.compile is global: replaced through a recorder for the one call, restored exactly after it (or left, with
+    # a warning, if someone replaced it on top meanwhile)
+    with replaced_for_the_call() as patches:
+        patches.set(torch, "compile", _not_compiled if per_layer else functools.partial(torch.compile, dynamic=False))
         original_make(trainer, force=force)
-    finally:
-        torch.compile = real_compile  # type: ignore[assignment]
     return per_layer
 
 

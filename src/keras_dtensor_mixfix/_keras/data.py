@@ -14,7 +14,8 @@ Each ``make_*_function`` is wrapped so that its step, while a distribution is in
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Dict, Tuple
 
 from . import compile as compile_step
 from . import keras_modules, layer_compile, promotion_mode
@@ -59,7 +60,7 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
                 return inner(data)
             return _make_global(inner(_distribute_batch(data, active)))
 
-        setattr(self, attribute, step)
+        setattr(self, attribute, step)  # Keras' own attribute, as Keras sets it (kept at uninstall: see below)
         return step
 
     return make
@@ -93,13 +94,25 @@ def _distribute_batch(data: Any, distribution: Any) -> Any:
     return tree.map_structure(one, data)
 
 
-def _layout_cache(distribution: Any) -> dict:
+_layouts_of: "weakref.WeakKeyDictionary[Any, Dict[Tuple[int, ...], Any]]" = weakref.WeakKeyDictionary()
+"""Per distribution, its data layout per batch shape; held here, not on the distribution (a user's object), and
+forgotten at uninstall."""
+
+
+def _layout_cache(distribution: Any) -> Dict[Tuple[int, ...], Any]:
     # get_data_layout builds a new TensorLayout (and its placements) per call: once per shape is enough.
-    cache = getattr(distribution, "_keras_dtensor_mixfix_layouts", None)
+    cache = _layouts_of.get(distribution)
     if cache is None:
-        cache = {}
-        distribution._keras_dtensor_mixfix_layouts = cache
+        cache = _layouts_of[distribution] = {}
     return cache
+
+
+def _forget_models_and_distributions() -> None:
+    """At uninstall: the layers' replaced ``call`` removed (:func:`.layer_compile.uninstall`), the layout caches
+    dropped. A model's step function made while installed stays Keras' ``train_function`` (and test, predict) until
+    Keras makes it again (``compile()``): it is Keras' own attribute, which Keras sets itself."""
+    layer_compile.uninstall()
+    _layouts_of.clear()
 
 
 def _make_global(result: Any) -> Any:
@@ -141,7 +154,7 @@ STEP_FUNCTIONS = Override(
     name="step functions", kind=Kind.TRAIN_STEP, owner="trainer_class()",
     attributes=("make_train_function", "make_test_function", "make_predict_function"),
     description="trainer: step functions wrapped", apply=_wrap_step_functions,
-    undo=layer_compile.uninstall)
+    undo=_forget_models_and_distributions)
 """Every step: the promotion mode synced, compiled with static shapes (or per layer), and on Keras 3.12 to 3.15
 batches distributed."""
 

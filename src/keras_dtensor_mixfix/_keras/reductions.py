@@ -95,6 +95,8 @@ def settle_partial_sums(value: Any) -> Any:
 
 
 _SETTLED = "_keras_dtensor_mixfix_settled"
+"""Marks a layer output already settled (a nested layer's). Set on the output tensor itself, which lives as long as the
+step's autograd graph: uninstall cannot reach it, and after uninstall no wrapper reads it."""
 
 
 def _reduced_gradient(grad: Any) -> Any:
