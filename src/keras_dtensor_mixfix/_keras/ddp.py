@@ -41,7 +41,7 @@ _completed: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 def _sharded_models_left_unwrapped(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
-    original = trainer_class._initialize_ddp
+    original = keras_modules.ddp_initializer()
 
     def _initialize_ddp(self: Any) -> Any:
         if getattr(self, "ddp_model", None) is None and holds_dtensor_parameters(self):
@@ -65,7 +65,7 @@ OVERRIDE = Override(
     attributes=("_initialize_ddp",),
     description="trainer: models with sharded weights are not wrapped in DistributedDataParallel",
     apply=_sharded_models_left_unwrapped,
-    needed=lambda: getattr(keras_modules.trainer_class(), "_initialize_ddp", None) is not None, undo=_warned.clear)
+    needed=lambda: keras_modules.ddp_initializer() is not None, undo=_warned.clear)
 """On a Keras that wraps models in ``DistributedDataParallel`` (3.16)."""
 
 

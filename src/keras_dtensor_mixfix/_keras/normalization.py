@@ -26,8 +26,7 @@ from .patches import rebind_everywhere
 
 
 def _rms_normalization_on_whole_rows(patches: PatchRecorder) -> None:
-    ops_nn = keras_modules.ops_nn()
-    original = ops_nn._rms_normalization
+    original = keras_modules.rms_normalization_function()
     rebind_everywhere(patches, original, _on_whole_rows(original))
 
 

@@ -21,7 +21,7 @@ INTEGRATION_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
 def _integration_frames_hidden(patches: PatchRecorder) -> None:
     traceback_utils = keras_modules.traceback_utils()
-    excluded = tuple(traceback_utils._EXCLUDED_PATHS)
+    excluded = tuple(keras_modules.traceback_excluded_paths())
     if INTEGRATION_DIRECTORY not in excluded:
         patches.set(traceback_utils, "_EXCLUDED_PATHS", excluded + (INTEGRATION_DIRECTORY,))
 
