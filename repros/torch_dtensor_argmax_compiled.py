@@ -10,7 +10,7 @@ Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved.
 It matters inside Keras: a break under Keras' ``name_scope`` context manager cannot be taken gracefully,
 so TorchDynamo throws the frame away and traces again from the frames inside it; in a compiled
 keras_hub step (the accuracy metric's argmax over vocabulary-split logits, and the same offset read in
-our vocabulary-parallel loss) each such break retraced the model. ``_keras/sharded_ops.py``
+our vocabulary-parallel loss) each such break retraced the model. ``_keras/reduction_ops.py``
 (``winner_across_pieces``) gathers each piece's winner instead while compiling, and
 ``_keras/local_pieces.py`` (``first_index_here``) computes the offset in Python integers.
 

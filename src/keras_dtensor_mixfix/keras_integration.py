@@ -2,7 +2,7 @@
 
 ``install()`` (run automatically when Keras is imported with the torch backend and
 auto-activation is on) adds, only where the installed Keras lacks them (the pieces live in
-:mod:`keras_dtensor_mixfix._keras`, one module per concern):
+:mod:`keras_dtensor_mixfix._keras`, one module per concern, each change declared in :data:`OVERRIDES`):
 
 - a torch ``distribution_lib`` (:mod:`keras_dtensor_mixfix._keras.distribution_lib`), also
   importable under Keras 3.16's module name for it (:mod:`._keras.backend_lib`);
@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
-from ._keras import (activations, backend_lib, compile, convolution, data, ddp, einsum_kernel_split, keras_gate,
-                     keras_modules, layer_compile, local_einsum, normalization, promotion_mode, reductions, repeat, reshape, saving,
-                     sharded_ops, tracebacks, values, variables, vocab_parallel_loss, whole_weights)
-from ._lifecycle.recorder import PatchRecorder
+from ._keras import (activations, attention_ops, backend_lib, compile, convolution, data, ddp, einsum_kernel_split,
+                     embedding_ops, keras_gate, keras_modules, layer_compile, local_einsum, normalization, promotion_mode,
+                     reduction_ops, reductions, repeat, reshape, saving, tensor_ops, tracebacks, values, variables,
+                     vocab_parallel_loss, whole_weights)
+from ._keras.overrides import Override, OverrideRecorder, in_order
 from ._rules.errors import UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -52,11 +53,23 @@ log = logging.getLogger("keras_dtensor_mixfix")
 __all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "UnsupportedKerasError"]
 
 
+OVERRIDES: Tuple[Override, ...] = (
+    backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, reductions.OVERRIDE, values.OVERRIDE,
+    data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, compile.TRAIN_STEP, compile.COMPILE_ALLOWED,
+    saving.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
+    embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,
+    local_einsum.OVERRIDE, einsum_kernel_split.OVERRIDE, repeat.OVERRIDE, reshape.OVERRIDE, normalization.OVERRIDE,
+    convolution.OVERRIDE, activations.OVERRIDE, vocab_parallel_loss.OVERRIDE,
+    tracebacks.OVERRIDE, promotion_mode.OVERRIDE,
+)
+"""Every change the integration may make to Keras (:class:`._keras.overrides.Override`), applied in this order
+where their ``after`` allows; the report lists them in the same order."""
+
 _lock = threading.RLock()
-_installed: Optional[PatchRecorder] = None
+_installed: Optional[OverrideRecorder] = None
+_applied: List[Override] = []
 _report: List[str] = []
 _patched_here = False
-_mode_replaced = False
 
 
 def is_installed() -> bool:
@@ -91,7 +104,7 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
     releases; ``allow_newer_keras`` (default: ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS``) lets a newer
     one in if the Keras self-check passes.
     """
-    global _installed, _patched_here, _mode_replaced
+    global _installed, _patched_here
     with _lock:
         if _installed is not None:
             return True
@@ -105,69 +118,29 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
     with _lock:
         if _installed is not None:
             return True
-        patches = PatchRecorder()
+        patches = OverrideRecorder()
+        applied: List[Override] = []
         added: List[str] = []
         try:
-            native_lib = keras_modules.native_distribution_lib()
-            backend_lib.install(patches, added)
-            if keras_modules.native_layout_variables():
-                added.append("variables: Keras' own layout-aware variables kept")
-            else:
-                variables.install(patches)
-                added.append("variables: layouts become DTensor parameters")
-            reductions.install(patches)
-            added.append("sharded steps: gradients take their parameters' layouts; layer outputs and their "
-                         "gradients are never left partial sums")
-            if native_lib:
-                added.append("convert_to_numpy: Keras' own kept")
-            else:
-                values.install(patches)
-                added.append("convert_to_numpy: gathers DTensors to global values")
-            distribute_batches = not keras_modules.native_data_distribution()
-            data.install(patches, distribute_batches)
-            compile.install(patches)
-            added.append("jit_compile: each distinct repeated block compiled once, or the whole step")
-            added.append("trainer: batches distributed on the batch axis; logs and predictions made global"
-                         if distribute_batches else "trainer: Keras' own data distribution kept")
-            saving.install(patches)
-            added.append("saving: rank 0 alone assembles and writes whole weights; loading reads each rank's slices")
-            whole_weights.install(patches)
-            added.append("layouts: a large weight the layout map leaves whole is named in a warning")
-            if ddp.install(patches):
-                added.append("trainer: models with sharded weights are not wrapped in DistributedDataParallel")
-            sharded_ops.install(patches)
-            local_einsum.install(patches)
-            einsum_kernel_split.install(patches)  # wraps local_einsum's einsum: installed after it
-            added.append("ops: einsum runs on local pieces where shardings line up (or are lined up), take gathers "
-                         "a table split where its ids are and settles masked partials, slice_update replicates "
-                         "sharded inputs, attention runs on local rows and heads")
-            if repeat.install(patches):
-                added.append("ops: repeat of a DTensor by a whole number expands it (as Keras 3.15 does)")
-            normalization.install(patches)
-            added.append("ops: rms_normalization of a DTensor split along the normalized axis runs on whole rows")
-            convolution.install(patches)
-            added.append("ops: a convolution of a DTensor split along channels or positions runs on whole ones")
-            activations.install(patches)
-            added.append("ops: softplus, elu, selu and celu of a DTensor take their gradient contiguous (the layout "
-                         "DTensor declares for theirs)")
-            reshape.install(patches)
-            added.append("ops: reshape of a DTensor whose split DTensor cannot keep in the new shape gathers the "
-                         "reshaped dimensions first")
-            vocab_parallel_loss.install(patches)
-            added.append("loss: sparse categorical cross-entropy over class-split logits never gathers them")
-            tracebacks.install(patches)
-            added.append("tracebacks: Keras' filter hides the integration's frames as it hides its own")
-            if keras_modules.native_promotion_mode():
-                promotion_mode.install(patches)
-                _mode_replaced = True
-                added.append("promotion: ours replaces Keras' KerasDTensorPromotionMode while patched")
+            ordered = in_order(OVERRIDES)
+            needed = [override.needed() for override in ordered]  # on Keras as it is, before any is applied
+            for override, wanted in zip(ordered, needed):
+                if not wanted:
+                    if override.kept is not None:
+                        added.append(override.kept)
+                    continue
+                patches.applying = override.name
+                line = override.apply(patches)
+                applied.append(override)
+                added.append(line or override.description)
         except BaseException:
             patches.restore()
-            if _mode_replaced:
-                _mode_replaced = False
-                promotion_mode.uninstall()
+            _forget(applied)
             raise
+        finally:
+            patches.applying = None
         _installed = patches
+        _applied[:] = applied
         _report[:] = added
         from ._lifecycle.patching import is_patched, patch
 
@@ -179,12 +152,14 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
 
 
 def uninstall() -> None:
-    global _installed, _patched_here, _mode_replaced
+    """Restore every attribute ``install()`` replaced, unpatch the package if ``install()`` patched it, then let each
+    applied override forget what it kept per model or distribution (Keras 3.16: its own promotion mode back where
+    Keras would have it)."""
+    global _installed, _patched_here
     with _lock:
         if _installed is None:
             return
         _installed.restore()
-        layer_compile.uninstall()
         _installed = None
         _report.clear()
         if _patched_here:  # undo only the patch install() made
@@ -192,6 +167,18 @@ def uninstall() -> None:
 
             _patched_here = False
             unpatch()
-        if _mode_replaced:  # Keras' own activate is back: its mode where Keras would have it
-            _mode_replaced = False
-            promotion_mode.uninstall()
+        applied, _applied[:] = list(_applied), []
+        _forget(applied)
+
+
+def _forget(applied: List[Override]) -> None:
+    for override in reversed(applied):
+        if override.undo is not None:
+            override.undo()
+
+
+def _replaced_attributes() -> List[Tuple[str, Any, str]]:
+    """``(override name, owner, attribute)`` for every attribute the installed integration replaced (none if not
+    installed), oldest first."""
+    with _lock:
+        return [] if _installed is None else _installed.replaced()

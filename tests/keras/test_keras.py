@@ -375,31 +375,67 @@ def test_distribution_api(world_size):
     assert "nope" in out["bad_axis"] and "batch" in out["bad_axis"]  # names the bad axis and the mesh's axes
 
 
-def test_install_and_uninstall_restore_keras_exactly():
-    import keras.src.backend as backend_module
-    import keras.src.distribution.distribution_lib as distribution_module
-    from keras.src.trainers import data_adapters
+def _replaced_targets():
+    """Every ``(owner, name)`` the integration replaces on this Keras, from its recorder (installed, then uninstalled)."""
+    from keras_dtensor_mixfix import keras_integration
 
+    keras_integration.uninstall()
+    assert keras_integration.install()
+    replaced = keras_integration._replaced_attributes()
+    keras_integration.uninstall()
+    assert keras_integration._replaced_attributes() == []
+    return replaced, {(id(owner), name): (owner, name) for _, owner, name in replaced}
+
+
+def _changed(targets, before):
+    """The targets whose value (their owner's own, or its absence) is no longer the very one of ``before``."""
+    from keras_dtensor_mixfix._lifecycle.recorder import current_value
+
+    return sorted(f"{getattr(owner, '__name__', type(owner).__name__)}.{name}" for key, (owner, name) in targets.items()
+                  if current_value(owner, name) is not before[key])
+
+
+def test_install_and_uninstall_restore_every_replaced_attribute_exactly():
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._lifecycle.recorder import current_value
+
+    replaced, targets = _replaced_targets()
+    before = {key: current_value(owner, name) for key, (owner, name) in targets.items()}  # MISSING where absent
+    assert keras_integration.install() and keras_integration.install()  # the second one changes nothing
+    again = keras_integration._replaced_attributes()
+    assert [(o, id(owner), name) for o, owner, name in again] == [(o, id(owner), name) for o, owner, name in replaced]
+    assert len(_changed(targets, before)) == len(targets)  # every recorded attribute was replaced
+    declared = {override.name: override.attributes for override in keras_integration.OVERRIDES}
+    assert [(o, name) for o, _, name in again if name not in declared[o]] == []  # each one its override declares
+    # Keras 3.16's own convert_to_numpy gathers DTensors already: kept
+    assert any(name == "convert_to_numpy" for _, _, name in again) is not KERAS_OWN_DISTRIBUTION
+    keras_integration.uninstall()
+    keras_integration.uninstall()
+    assert _changed(targets, before) == []
+
+
+def test_the_restore_comparison_sees_an_attribute_left_replaced(caplog):
     from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._lifecycle.recorder import MISSING, current_value
 
-    core, trainer = keras_modules.core(), keras_modules.trainer_class()  # where this Keras keeps them
-    keras_integration.uninstall()
-    before = (backend_module.distribution_lib, distribution_module.distribution_lib, core.Variable.__dict__.get("_initialize"),
-              core.convert_to_numpy, trainer.__dict__.get("make_train_function"),
-              data_adapters.get_data_adapter, "train_step" in trainer.__dict__)
-    assert (before[0] is None) is not KERAS_OWN_DISTRIBUTION
-    assert keras_integration.install() and keras_integration.install()
-    assert backend_module.distribution_lib is not None
-    assert trainer.__dict__.get("make_train_function") is not before[4]
-    # Keras 3.16's own convert_to_numpy gathers DTensors already: kept
-    assert (core.convert_to_numpy is before[3]) is KERAS_OWN_DISTRIBUTION
-    keras_integration.uninstall()
-    keras_integration.uninstall()
-    after = (backend_module.distribution_lib, distribution_module.distribution_lib, core.Variable.__dict__.get("_initialize"),
-             core.convert_to_numpy, trainer.__dict__.get("make_train_function"),
-             data_adapters.get_data_adapter, "train_step" in trainer.__dict__)
-    assert after == before
+    _, targets = _replaced_targets()
+    before = {key: current_value(owner, name) for key, (owner, name) in targets.items()}
+    assert keras_integration.install()
+    owner, name = keras_modules.trainer_class(), "make_train_function"
+    theirs = lambda self, force=False: None  # noqa: E731 - someone else's patch on top of ours
+    setattr(owner, name, theirs)
+    try:
+        keras_integration.uninstall()  # leaves theirs in place, with a warning
+        assert "make_train_function was replaced by someone else" in caplog.text
+        assert _changed(targets, before) == [f"{owner.__name__}.{name}"]
+    finally:
+        previous = before[(id(owner), name)]
+        if previous is MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, previous)
+    assert _changed(targets, before) == []
 
 
 @pytest.mark.skipif(KERAS_OWN_DISTRIBUTION, reason=(

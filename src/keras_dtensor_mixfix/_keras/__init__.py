@@ -1,8 +1,11 @@
 """The Keras integration, one module per concern; :mod:`keras_dtensor_mixfix.keras_integration` installs them.
 
-Each ``install(patches)`` records every attribute it replaces in the patch recorder it is given
-(``_lifecycle.recorder.PatchRecorder``), so that ``uninstall()`` restores Keras exactly.
+Each module declares what it changes in Keras as :class:`.overrides.Override` values (target attributes, what
+they come after, the Keras releases that need them, a report line); ``keras_integration.install()`` applies them
+in one loop through one patch recorder (``_lifecycle.recorder.PatchRecorder``), so that ``uninstall()`` restores
+Keras exactly.
 
+- :mod:`.overrides`: the declaration, its order, and the recorder that notes which override replaced what;
 - :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
   installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;
 - :mod:`.keras_gate`: which Keras releases the integration installs into (and the opt-in for a newer one);
@@ -17,8 +20,9 @@ Each ``install(patches)`` records every attribute it replaces in the patch recor
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
 - :mod:`.saving`: rank 0 writes;
 - :mod:`.ddp`: models with DTensor weights kept out of Keras' ``DistributedDataParallel`` wrap;
-- :mod:`.sharded_ops`: ``take``, ``slice_update``, attention and min/max/all/any reductions where DTensor
-  cannot run Keras' version;
+- Keras ops DTensor cannot run as Keras writes them, one module per op family: :mod:`.embedding_ops`
+  (``take``), :mod:`.reduction_ops` (min/max/all/any, argmax/argmin), :mod:`.tensor_ops` (``slice_update``,
+  ``one_hot``), :mod:`.attention_ops` (``dot_product_attention``);
 - :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
 - :mod:`.einsum_kernel_split`: a kernel re-split so that more einsums line up;
 - :mod:`.vocab_parallel_loss`: sparse categorical cross-entropy over class-split logits, never gathered;

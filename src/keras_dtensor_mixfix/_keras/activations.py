@@ -20,17 +20,27 @@ from typing import Any, Tuple
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 #: Keras' torch-backend activations whose backward is one of the aten ops with the layout disagreement.
 AFFECTED = ("softplus", "elu", "selu", "celu")
 
 
-def install(patches: PatchRecorder) -> None:
+def _contiguous_gradients(patches: PatchRecorder) -> None:
     nn = keras_modules.backend_nn()
     for name in AFFECTED:
         original = getattr(nn, name)
         rebind_everywhere(patches, original, _with_contiguous_gradient(original))
+
+
+OVERRIDE = Override(
+    name="activations", kind=Kind.OPS, family="activation",
+    owner="backend_nn() (and every Keras module importing it)",
+    attributes=AFFECTED,
+    description="ops: softplus, elu, selu and celu of a DTensor take their gradient contiguous (the layout DTensor "
+                "declares for theirs)",
+    apply=_contiguous_gradients)
 
 
 def _with_contiguous_gradient(original: Any) -> Any:

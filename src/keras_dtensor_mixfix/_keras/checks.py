@@ -143,13 +143,13 @@ def check_compile_hooks() -> str:
         _require(trainer_class, ("_use_torch_compile",), trainer_class.__qualname__)
         _require(keras_modules.core(), ("_get_dtensor_promotion_mode",), "the torch backend's core")
         return "Keras' promotion mode (activate_dtensor_promotion) and _use_torch_compile: replaced while patched"
-    ddp = "present" if hasattr(trainer_class, "_initialize_ddp") else "absent"
+    ddp = "present" if keras_modules.ddp_initializer() is not None else "absent"
     return f"no promotion mode of Keras' own; _initialize_ddp {ddp}"
 
 
 def check_backend_ops() -> str:
     from .activations import AFFECTED as ACTIVATIONS
-    from .sharded_ops import ARG_REDUCTIONS
+    from .reduction_ops import ARG_REDUCTIONS
 
     _require(keras_modules.core(), ("convert_to_numpy", "convert_to_tensor", "cast", "get_device", "slice_update"),
              "the torch backend's core")
@@ -160,7 +160,7 @@ def check_backend_ops() -> str:
                                           "conv", "conv_transpose") + ACTIVATIONS,
              "the torch backend's nn")
     _require(keras_modules.ops_nn(), ("_rms_normalization",), "Keras' ops.nn")
-    _takes(keras_modules.ops_nn()._rms_normalization, "x", "scale", "axis", "epsilon")
+    _takes(keras_modules.rms_normalization_function(), "x", "scale", "axis", "epsilon")
     for convolution in (keras_modules.backend_nn().conv, keras_modules.backend_nn().conv_transpose):
         _takes(convolution, "inputs", "kernel")
     _takes(keras_modules.backend_numpy().reshape, "x", "newshape")
@@ -170,7 +170,7 @@ def check_backend_ops() -> str:
 
 
 def check_traceback_filter() -> str:
-    excluded = keras_modules.traceback_utils()._EXCLUDED_PATHS
+    excluded = keras_modules.traceback_excluded_paths()
     if not isinstance(excluded, tuple) or not all(isinstance(path, str) for path in excluded):
         raise TypeError(f"traceback_utils._EXCLUDED_PATHS is {excluded!r}, not a tuple of paths")
     return "traceback_utils._EXCLUDED_PATHS, a tuple of paths Keras' traceback filter hides"

@@ -20,24 +20,30 @@ from typing import Any, Callable
 
 from . import ddp, keras_modules, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
-from .patches import rebind_everywhere
+from .overrides import Kind, Override
+from .patches import rebind_everywhere, replaced_for_the_call
 
 
-def install(patches: PatchRecorder) -> None:
+def _cast_traceable(patches: PatchRecorder) -> None:
     core = keras_modules.core()
     rebind_everywhere(patches, core.cast, _traceable_cast(core.cast))
+
+
+def _compile_allowed_while_replaced(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
-    if keras_modules.native_promotion_mode():
-        original_use = trainer_class._use_torch_compile
+    original_use = trainer_class._use_torch_compile
 
-        @functools.wraps(original_use)
-        def _use_torch_compile(self: Any) -> bool:
-            if promotion_mode.replaced():  # the mode Keras refuses to compile under is off
-                return not self.run_eagerly and bool(self.jit_compile)
-            return original_use(self)
+    @functools.wraps(original_use)
+    def _use_torch_compile(self: Any) -> bool:
+        if promotion_mode.replaced():  # the mode Keras refuses to compile under is off
+            return not self.run_eagerly and bool(self.jit_compile)
+        return original_use(self)
 
-        patches.set(trainer_class, "_use_torch_compile", _use_torch_compile)
-        return
+    patches.set(trainer_class, "_use_torch_compile", _use_torch_compile)
+
+
+def _train_step_compiled_under_distribution(patches: PatchRecorder) -> None:
+    trainer_class = keras_modules.trainer_class()
     original_train_step = trainer_class.train_step
 
     def train_step(self: Any, data: Any) -> Any:
@@ -46,6 +52,26 @@ def install(patches: PatchRecorder) -> None:
         return _compiled_train_step(self, data)
 
     patches.set(trainer_class, "train_step", train_step)
+
+
+TRACEABLE_CAST = Override(
+    name="cast", kind=Kind.OPS, family="casting",
+    owner="core() (and every Keras module importing it)", attributes=("cast",),
+    description="ops: cast of a NumPy value traced as a tensor while compiling", apply=_cast_traceable)
+
+TRAIN_STEP = Override(
+    name="train step", kind=Kind.TRAIN_STEP, owner="trainer_class()", attributes=("train_step",),
+    description="jit_compile: each distinct repeated block compiled once, or the whole step",
+    apply=_train_step_compiled_under_distribution, needed=lambda: not keras_modules.native_promotion_mode())
+"""Keras 3.12 to 3.15: the train step compiled under a distribution is :func:`_compiled_train_step`."""
+
+COMPILE_ALLOWED = Override(
+    name="compile allowed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
+    attributes=("_use_torch_compile",),
+    description="jit_compile: each distinct repeated block compiled once, or the whole step (also under "
+                "ModelParallel while our promotion replaces Keras' mode)",
+    apply=_compile_allowed_while_replaced, needed=keras_modules.native_promotion_mode)
+"""Keras 3.16, which refuses ``jit_compile`` under its own promotion mode: allowed where ours replaced it."""
 
 
 def _traceable_cast(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,15 +118,11 @@ def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, for
     import torch
 
     per_layer = layer_compile.prepare(trainer)
-    real_compile = torch.compile
-    if per_layer:
-        torch.compile = _not_compiled  # type: ignore[assignment]
-    else:
-        torch.compile = functools.partial(real_compile, dynamic=False)  # type: ignore[assignment]
-    try:
+    # torch.compile is global: replaced through a recorder for the one call, restored exactly after it (or left, with
+    # a warning, if someone replaced it on top meanwhile)
+    with replaced_for_the_call() as patches:
+        patches.set(torch, "compile", _not_compiled if per_layer else functools.partial(torch.compile, dynamic=False))
         original_make(trainer, force=force)
-    finally:
-        torch.compile = real_compile  # type: ignore[assignment]
     return per_layer
 
 

@@ -21,13 +21,22 @@ from typing import Any
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .normalization import whole_along_axes
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _convolution_on_batch_split_only(patches: PatchRecorder) -> None:
     nn = keras_modules.backend_nn()
     for original in (nn.conv, nn.conv_transpose):
         rebind_everywhere(patches, original, _on_batch_split_only(original))
+
+
+OVERRIDE = Override(
+    name="convolution", kind=Kind.OPS, family="convolution",
+    owner="backend_nn() (and every Keras module importing it)",
+    attributes=("conv", "conv_transpose"),
+    description="ops: a convolution of a DTensor split along channels or positions runs on whole ones",
+    apply=_convolution_on_batch_split_only)
 
 
 def _on_batch_split_only(original: Any) -> Any:

@@ -14,21 +14,24 @@ Each ``make_*_function`` is wrapped so that its step, while a distribution is in
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Dict, Tuple
 
 from . import compile as compile_step
 from . import keras_modules, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 
-def install(patches: PatchRecorder, distribute_batches: bool) -> None:
+def _wrap_step_functions(patches: PatchRecorder) -> str:
+    distribute_batches = not keras_modules.native_data_distribution()
     trainer_class = keras_modules.trainer_class()
     for kind in ("train", "test", "predict"):
         original_make = getattr(trainer_class, f"make_{kind}_function")
         patches.set(trainer_class, f"make_{kind}_function",
                     _wrapped_make(original_make, f"{kind}_function", distribute_batches))
-    if distribute_batches:
-        _install_data_adapter(patches)
+    return ("trainer: batches distributed on the batch axis; logs and predictions made global"
+            if distribute_batches else "trainer: Keras' own data distribution kept")
 
 
 def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_batches: bool) -> Callable[..., Any]:
@@ -57,7 +60,7 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
                 return inner(data)
             return _make_global(inner(_distribute_batch(data, active)))
 
-        setattr(self, attribute, step)
+        setattr(self, attribute, step)  # Keras' own attribute, as Keras sets it (kept at uninstall: see below)
         return step
 
     return make
@@ -91,13 +94,25 @@ def _distribute_batch(data: Any, distribution: Any) -> Any:
     return tree.map_structure(one, data)
 
 
-def _layout_cache(distribution: Any) -> dict:
+_layouts_of: "weakref.WeakKeyDictionary[Any, Dict[Tuple[int, ...], Any]]" = weakref.WeakKeyDictionary()
+"""Per distribution, its data layout per batch shape; held here, not on the distribution (a user's object), and
+forgotten at uninstall."""
+
+
+def _layout_cache(distribution: Any) -> Dict[Tuple[int, ...], Any]:
     # get_data_layout builds a new TensorLayout (and its placements) per call: once per shape is enough.
-    cache = getattr(distribution, "_keras_dtensor_mixfix_layouts", None)
+    cache = _layouts_of.get(distribution)
     if cache is None:
-        cache = {}
-        distribution._keras_dtensor_mixfix_layouts = cache
+        cache = _layouts_of[distribution] = {}
     return cache
+
+
+def _forget_models_and_distributions() -> None:
+    """At uninstall: the layers' replaced ``call`` removed (:func:`.layer_compile.uninstall`), the layout caches
+    dropped. A model's step function made while installed stays Keras' ``train_function`` (and test, predict) until
+    Keras makes it again (``compile()``): it is Keras' own attribute, which Keras sets itself."""
+    layer_compile.uninstall()
+    _layouts_of.clear()
 
 
 def _make_global(result: Any) -> Any:
@@ -114,7 +129,7 @@ def _make_global(result: Any) -> Any:
     return tree.map_structure(one, result)
 
 
-def _install_data_adapter(patches: PatchRecorder) -> None:
+def _global_batches_accepted(patches: PatchRecorder) -> None:
     data_adapters = keras_modules.data_adapters()
     original = data_adapters.get_data_adapter
 
@@ -133,3 +148,20 @@ def _install_data_adapter(patches: PatchRecorder) -> None:
         return original(x, *args, **kwargs)
 
     patches.set(data_adapters, "get_data_adapter", get_data_adapter)
+
+
+STEP_FUNCTIONS = Override(
+    name="step functions", kind=Kind.TRAIN_STEP, owner="trainer_class()",
+    attributes=("make_train_function", "make_test_function", "make_predict_function"),
+    description="trainer: step functions wrapped", apply=_wrap_step_functions,
+    undo=_forget_models_and_distributions)
+"""Every step: the promotion mode synced, compiled with static shapes (or per layer), and on Keras 3.12 to 3.15
+batches distributed."""
+
+DATA_ADAPTER = Override(
+    name="data adapter", kind=Kind.TRAIN_STEP, owner="data_adapters()",
+    attributes=("get_data_adapter",),
+    description="trainer: inputs other than tf.data accepted in multi-process runs (each process iterates the "
+                "global batch)",
+    apply=_global_batches_accepted, needed=lambda: not keras_modules.native_data_distribution())
+"""On a Keras without data distribution of its own (3.12 to 3.15)."""

@@ -22,26 +22,32 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
+_warned: "weakref.WeakSet[Any]" = weakref.WeakSet()
+"""Models already warned about (once per model while installed; forgotten at uninstall)."""
 
-def install(patches: PatchRecorder) -> bool:
-    """Wrap the trainer's ``_initialize_ddp`` where this Keras has one; returns whether it did."""
+_completed: "weakref.WeakSet[Any]" = weakref.WeakSet()
+"""Models whose missed parameters carry the averaging hook. Kept across uninstall: the hooks stay on the parameters
+(their DDP wrap stays too), and a second set after a new install would average each gradient twice."""
+
+
+def _sharded_models_left_unwrapped(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
-    original = getattr(trainer_class, "_initialize_ddp", None)
-    if original is None:
-        return False
+    original = keras_modules.ddp_initializer()
 
     def _initialize_ddp(self: Any) -> Any:
         if getattr(self, "ddp_model", None) is None and holds_dtensor_parameters(self):
             # under a distribution (ModelParallel) Keras makes no DDP either: nothing to say
-            if keras_modules.distribution() is None and not getattr(self, "_keras_dtensor_mixfix_ddp_warned", False):
-                object.__setattr__(self, "_keras_dtensor_mixfix_ddp_warned", True)
+            if keras_modules.distribution() is None and self not in _warned:
+                _warned.add(self)
                 log.warning("keras_dtensor_mixfix: model %r holds sharded (DTensor) weights and no distribution is "
                             "set: it is not wrapped in DistributedDataParallel, and every process must feed it the "
                             "same inputs. To give each process its own batch, set the distribution it was built "
@@ -52,7 +58,15 @@ def install(patches: PatchRecorder) -> bool:
         return result
 
     patches.set(trainer_class, "_initialize_ddp", _initialize_ddp)
-    return True
+
+
+OVERRIDE = Override(
+    name="DistributedDataParallel wrap", kind=Kind.TRAIN_STEP, owner="trainer_class()",
+    attributes=("_initialize_ddp",),
+    description="trainer: models with sharded weights are not wrapped in DistributedDataParallel",
+    apply=_sharded_models_left_unwrapped,
+    needed=lambda: keras_modules.ddp_initializer() is not None, undo=_warned.clear)
+"""On a Keras that wraps models in ``DistributedDataParallel`` (3.16)."""
 
 
 def holds_dtensor_parameters(model: Any) -> bool:
@@ -63,9 +77,9 @@ def holds_dtensor_parameters(model: Any) -> bool:
 
 def _average_what_ddp_misses(model: Any) -> None:
     ddp = getattr(model, "ddp_model", None)
-    if ddp is None or getattr(model, "_keras_dtensor_mixfix_ddp_completed", False):
+    if ddp is None or model in _completed:
         return
-    object.__setattr__(model, "_keras_dtensor_mixfix_ddp_completed", True)
+    _completed.add(model)
     seen = {id(parameter) for parameter in ddp.module.parameters()}
     missed = [variable for variable in model.trainable_variables
               if getattr(variable.value, "requires_grad", False) and id(variable.value) not in seen]

@@ -10,7 +10,7 @@ size (Llama3, hidden 512, 8 heads, 4 layers, batch 8 x 128 tokens, (1, 2) mesh):
 twice.
 
 Splitting the kernel along an output label instead (Megatron's column-parallel projection) needs no
-reduction of the result: each rank computes its own heads, attention runs on them (``sharded_ops``),
+reduction of the result: each rank computes its own heads, attention runs on them (``attention_ops``),
 and the output projection, split along heads too, leaves one partial sum per layer. The kernel's
 re-split costs one gather of the kernel per step, and one of its gradient; it is done only where the
 kernel (a layer's weight) is smaller than the result whose reduction it replaces, and only along the
@@ -41,14 +41,23 @@ from typing import Any, Optional, Sequence, Set, Tuple
 from . import keras_modules
 from .local_einsum import label_sizes, parse
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _kernel_split_einsum(patches: PatchRecorder) -> None:
     """Wrap the einsum installed now (``local_einsum``'s, installed before this)."""
     numpy_module = keras_modules.backend_numpy()
     current = numpy_module.einsum
     rebind_everywhere(patches, current, _kernel_split_on_output(current))
+
+
+OVERRIDE = Override(
+    name="einsum kernel split", kind=Kind.OPS, family="einsum",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=("einsum",), description="ops: a kernel re-split so that more einsums line up",
+    apply=_kernel_split_einsum, after=("local einsum",))
+"""Wraps the einsum ``local einsum`` installed."""
 
 
 def _kernel_split_on_output(inner: Any) -> Any:

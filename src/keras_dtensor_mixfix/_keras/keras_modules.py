@@ -319,6 +319,27 @@ def traceback_utils() -> Any:
     return traceback_utils_module
 
 
+def traceback_excluded_paths() -> Any:
+    """The paths whose frames Keras' traceback filter hides (``traceback_utils._EXCLUDED_PATHS``, a tuple)."""
+    return traceback_utils()._EXCLUDED_PATHS
+
+
+def rms_normalization_function() -> Any:
+    """``ops.nn._rms_normalization(x, scale, axis, epsilon)``, which ``ops.rms_normalization`` calls on torch."""
+    return ops_nn()._rms_normalization
+
+
+def ddp_initializer() -> Any:
+    """The trainer's ``_initialize_ddp`` (3.16: wraps a model in ``DistributedDataParallel``), or None."""
+    return getattr(trainer_class(), "_initialize_ddp", None)
+
+
+def dtensor_promotion_mode(core_module: Any) -> Any:
+    """Keras 3.16's promotion mode on this thread's dispatch stack (``core_module._get_dtensor_promotion_mode()``,
+    ``core_module`` being :func:`core`), or None."""
+    return core_module._get_dtensor_promotion_mode()
+
+
 def rng_utils() -> Any:
     from keras.src.utils import rng_utils as rng_utils_module
 

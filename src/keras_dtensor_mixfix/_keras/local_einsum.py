@@ -44,13 +44,22 @@ from typing import Any, List, Optional, Sequence, Tuple
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .local_pieces import from_pieces, piece
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _einsum_on_local_pieces(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
     rebind_everywhere(patches, numpy_module.einsum, _sharded_einsum(numpy_module.einsum))
     rebind_everywhere(patches, numpy_module.matmul, _sharded_matmul(numpy_module.matmul))
+
+
+OVERRIDE = Override(
+    name="local einsum", kind=Kind.OPS, family="einsum",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=("einsum", "matmul"),
+    description="ops: einsum and matmul run on local pieces where shardings line up",
+    apply=_einsum_on_local_pieces)
 
 
 def _sharded_einsum(original: Any) -> Any:

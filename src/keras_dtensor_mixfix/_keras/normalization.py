@@ -21,13 +21,21 @@ from typing import Any, Sequence, Set
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
-    ops_nn = keras_modules.ops_nn()
-    original = ops_nn._rms_normalization
+def _rms_normalization_on_whole_rows(patches: PatchRecorder) -> None:
+    original = keras_modules.rms_normalization_function()
     rebind_everywhere(patches, original, _on_whole_rows(original))
+
+
+OVERRIDE = Override(
+    name="rms_normalization", kind=Kind.OPS, family="normalization",
+    owner="ops_nn() (and every Keras module importing it)",
+    attributes=("_rms_normalization",),
+    description="ops: rms_normalization of a DTensor split along the normalized axis runs on whole rows",
+    apply=_rms_normalization_on_whole_rows)
 
 
 def _on_whole_rows(original: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -29,7 +30,7 @@ _keras_activate: Optional[Callable[[], None]] = None
 _warned_stuck = False
 
 
-def install(patches: PatchRecorder) -> None:
+def _replace_keras_mode(patches: PatchRecorder) -> None:
     """Replace Keras' ``activate_dtensor_promotion`` (its distribution_lib calls the core's by name)."""
     global _core, _keras_activate
     from .._lifecycle.patching import add_state_listener, is_patched
@@ -58,9 +59,17 @@ def uninstall() -> None:
     core = _core
     remove_state_listener(_on_patch_state)
     _core = _keras_activate = None
-    if core is not None and _keras_wants_mode() and core._get_dtensor_promotion_mode() is None:
+    if core is not None and _keras_wants_mode() and keras_modules.dtensor_promotion_mode(core) is None:
         core.activate_dtensor_promotion()
 
+
+OVERRIDE = Override(
+    name="promotion mode", kind=Kind.BACKEND_PROTOCOL, owner="core()",
+    attributes=("activate_dtensor_promotion",),
+    description="promotion: ours replaces Keras' KerasDTensorPromotionMode while patched",
+    apply=_replace_keras_mode, needed=keras_modules.native_promotion_mode, undo=uninstall)
+"""Keras 3.16. Its ``undo`` runs after ``uninstall()`` has unpatched the package (if it patched it), so that
+Keras' own mode comes back where Keras would have it."""
 
 def _on_patch_state(patched: bool) -> None:
     try:
@@ -83,7 +92,7 @@ def sync() -> None:
 
     if is_patched():
         _take_off(core)
-    elif core._get_dtensor_promotion_mode() is None:
+    elif keras_modules.dtensor_promotion_mode(core) is None:
         keras_activate()
 
 
@@ -94,15 +103,15 @@ def replaced() -> bool:
         return False
     from .._lifecycle.patching import is_patched
 
-    return is_patched() and core._get_dtensor_promotion_mode() is None
+    return is_patched() and keras_modules.dtensor_promotion_mode(core) is None
 
 
 def _take_off(core: Any) -> None:
-    if core._get_dtensor_promotion_mode() is None:
+    if keras_modules.dtensor_promotion_mode(core) is None:
         return
     global _warned_stuck
     core.deactivate_dtensor_promotion()  # Keras' own: pops the mode only from the top of the stack
-    if core._get_dtensor_promotion_mode() is not None and not _warned_stuck:
+    if keras_modules.dtensor_promotion_mode(core) is not None and not _warned_stuck:
         _warned_stuck = True
         log.warning("keras_dtensor_mixfix: Keras' DTensor promotion mode is under another dispatch mode in this "
                     "thread and stays on (Keras promotes there; jit_compile stays off)")

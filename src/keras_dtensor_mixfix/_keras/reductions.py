@@ -31,12 +31,13 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 
 _boundary: Any = None  # the autograd Function, made at install (torch is imported lazily here)
 
 
-def install(patches: PatchRecorder) -> None:
+def _settling_partial_sums(patches: PatchRecorder) -> None:
     global _boundary
     from . import distribution_lib as ours
 
@@ -59,6 +60,15 @@ def install(patches: PatchRecorder) -> None:
 
     patches.set(Layer, "__call__", __call__)
 
+
+
+OVERRIDE = Override(
+    name="partial sums settled", kind=Kind.KERAS_OBJECTS,
+    owner="layer_class(); our distribution_lib; core().Variable (3.16)",
+    attributes=("__call__", "GRADIENTS_LIKE_PARAMETERS", "_initialize_distributed"),
+    description="sharded steps: gradients take their parameters' layouts; layer outputs and their gradients are "
+                "never left partial sums",
+    apply=_settling_partial_sums)
 
 def settle_partial_sums(value: Any) -> Any:
     """``value`` with no ``Partial`` placement in forward, nor in the gradient it receives."""
@@ -85,6 +95,8 @@ def settle_partial_sums(value: Any) -> Any:
 
 
 _SETTLED = "_keras_dtensor_mixfix_settled"
+"""Marks a layer output already settled (a nested layer's). Set on the output tensor itself, which lives as long as the
+step's autograd graph: uninstall cannot reach it, and after uninstall no wrapper reads it."""
 
 
 def _reduced_gradient(grad: Any) -> Any:

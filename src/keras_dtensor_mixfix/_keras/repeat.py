@@ -17,16 +17,21 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> bool:
-    """Rebind ``repeat`` where this Keras needs it; returns whether it did."""
-    if keras_modules.repeat_expands_whole_numbers():
-        return False
+def _expanded_repeat_rebound(patches: PatchRecorder) -> None:
     original = keras_modules.backend_numpy().repeat
     rebind_everywhere(patches, original, _expanded_repeat(original))
-    return True
+
+
+OVERRIDE = Override(
+    name="repeat", kind=Kind.OPS, family="shape",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=("repeat",), description="ops: repeat of a DTensor by a whole number expands it (as Keras 3.15 does)",
+    apply=_expanded_repeat_rebound, needed=lambda: not keras_modules.repeat_expands_whole_numbers())
+"""Before Keras 3.15."""
 
 
 def _expanded_repeat(original: Any) -> Any:

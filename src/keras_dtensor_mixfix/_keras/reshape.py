@@ -32,6 +32,7 @@ from typing import Any, List, Sequence, Tuple
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -44,9 +45,18 @@ _warned: List[bool] = []
 _PLANNING_REFUSED = "Sharding propagation failed"
 
 
-def install(patches: PatchRecorder) -> None:
+def _gathering_reshape(patches: PatchRecorder) -> None:
     original = keras_modules.backend_numpy().reshape
     rebind_everywhere(patches, original, _gathering_where_refused(original))
+
+
+OVERRIDE = Override(
+    name="reshape", kind=Kind.OPS, family="shape",
+    owner="backend_numpy() (and every Keras module importing it)",
+    attributes=("reshape",),
+    description="ops: reshape of a DTensor whose split DTensor cannot keep in the new shape gathers the reshaped "
+                "dimensions first",
+    apply=_gathering_reshape)
 
 
 def _gathering_where_refused(original: Any) -> Any:

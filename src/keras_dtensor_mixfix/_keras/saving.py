@@ -26,19 +26,26 @@ from typing import Any, Callable, Iterator
 from . import keras_modules, rank_zero_gather, slice_loading
 from .._lifecycle.recorder import PatchRecorder
 from .memory import return_freed_memory
+from .overrides import Kind, Override
 from .patches import rebind_everywhere, replaced_for_the_call
 
 WEIGHT_STORES = ("H5IOStore", "ShardedH5IOStore", "NpzIOStore")
 """The weight store classes of ``saving_lib`` (3.16 has no ``NpzIOStore``)."""
 
 
-def install(patches: PatchRecorder) -> None:
+def _rank_zero_saving(patches: PatchRecorder) -> None:
     saving_lib = keras_modules.saving_lib()
     for name in ("save_model", "save_weights_only"):
         patches.set(saving_lib, name, _rank_zero_writes(getattr(saving_lib, name)))
     for name in ("load_model", "load_weights_only"):
         patches.set(saving_lib, name, _reading_slices(getattr(saving_lib, name)))
 
+
+OVERRIDE = Override(
+    name="saving", kind=Kind.KERAS_OBJECTS, owner="saving_lib()",
+    attributes=("save_model", "save_weights_only", "load_model", "load_weights_only"),
+    description="saving: rank 0 alone assembles and writes whole weights; loading reads each rank's slices",
+    apply=_rank_zero_saving)
 
 def _multi_process() -> bool:
     import torch.distributed as dist

@@ -13,13 +13,21 @@ import os
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 INTEGRATION_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 """Where the integration's wrappers live (this package's ``_keras``): its frames are hidden."""
 
 
-def install(patches: PatchRecorder) -> None:
+def _integration_frames_hidden(patches: PatchRecorder) -> None:
     traceback_utils = keras_modules.traceback_utils()
-    excluded = tuple(traceback_utils._EXCLUDED_PATHS)
+    excluded = tuple(keras_modules.traceback_excluded_paths())
     if INTEGRATION_DIRECTORY not in excluded:
         patches.set(traceback_utils, "_EXCLUDED_PATHS", excluded + (INTEGRATION_DIRECTORY,))
+
+
+OVERRIDE = Override(
+    name="tracebacks", kind=Kind.KERAS_OBJECTS, owner="traceback_utils()",
+    attributes=("_EXCLUDED_PATHS",),
+    description="tracebacks: Keras' filter hides the integration's frames as it hides its own",
+    apply=_integration_frames_hidden)

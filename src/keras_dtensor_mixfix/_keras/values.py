@@ -7,10 +7,11 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _gathering_conversion(patches: PatchRecorder) -> None:
     from torch.distributed.tensor import DTensor
 
     original = keras_modules.core().convert_to_numpy
@@ -27,3 +28,12 @@ def install(patches: PatchRecorder) -> None:
         return original(x)
 
     rebind_everywhere(patches, original, convert_to_numpy)  # imported by name into several Keras namespaces
+
+
+OVERRIDE = Override(
+    name="convert_to_numpy", kind=Kind.BACKEND_PROTOCOL,
+    owner="core() (and every Keras module importing it)",
+    attributes=("convert_to_numpy",), description="convert_to_numpy: gathers DTensors to global values",
+    apply=_gathering_conversion, needed=lambda: not keras_modules.native_distribution_lib(),
+    kept="convert_to_numpy: Keras' own kept")
+"""Keras 3.16's own ``convert_to_numpy`` gathers DTensors already."""

@@ -13,13 +13,14 @@ import logging
 from typing import Any
 
 from . import keras_modules
+from .overrides import Kind, Override
 from .rank_zero_gather import RankZeroStopped
 from .._lifecycle.recorder import PatchRecorder
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 
-def install(patches: PatchRecorder) -> None:
+def _layout_aware_variables(patches: PatchRecorder) -> None:
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -115,6 +116,15 @@ def install(patches: PatchRecorder) -> None:
     patches.set(variable_class, "_direct_assign", _direct_assign)
     patches.set(KerasVariable, "__repr__", __repr__)
 
+
+
+OVERRIDE = Override(
+    name="variables", kind=Kind.KERAS_OBJECTS, owner="core().Variable; base_variable_class() for __repr__",
+    attributes=("__init__", "_initialize", "_initialize_with_initializer", "_direct_assign", "__repr__"),
+    description="variables: layouts become DTensor parameters", apply=_layout_aware_variables,
+    needed=lambda: not keras_modules.native_layout_variables(),
+    kept="variables: Keras' own layout-aware variables kept")
+"""On Keras 3.12 to 3.15; 3.16's variables make DTensor parameters themselves."""
 
 def _constant_fill(initializer: Any) -> Any:
     """The one value a Keras Zeros, Ones or scalar Constant initializer fills with, else None."""

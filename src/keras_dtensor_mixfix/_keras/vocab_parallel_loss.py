@@ -29,13 +29,22 @@ from typing import Any, Optional, Tuple
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
 from .local_pieces import first_index_here, from_pieces, piece, reduced
+from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
-def install(patches: PatchRecorder) -> None:
+def _vocab_parallel_loss(patches: PatchRecorder) -> None:
     nn = keras_modules.backend_nn()
     original = nn.sparse_categorical_crossentropy
     rebind_everywhere(patches, original, _vocab_parallel(original, keras_modules.core().convert_to_tensor))
+
+
+OVERRIDE = Override(
+    name="vocab-parallel loss", kind=Kind.OPS, family="loss",
+    owner="backend_nn() (and every Keras module importing it)",
+    attributes=("sparse_categorical_crossentropy",),
+    description="loss: sparse categorical cross-entropy over class-split logits never gathers them",
+    apply=_vocab_parallel_loss)
 
 
 def _vocab_parallel(original: Any, convert_to_tensor: Any) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, Optional, Set, Tuple
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -25,7 +26,7 @@ LARGE_WEIGHT_ELEMENTS = 1 << 24
 _warned: Set[str] = set()
 
 
-def install(patches: PatchRecorder) -> None:
+def _warning_when_left_whole(patches: PatchRecorder) -> None:
     model_parallel = keras_modules.distribution_module().ModelParallel
     original = model_parallel.get_variable_layout
 
@@ -37,6 +38,12 @@ def install(patches: PatchRecorder) -> None:
 
     patches.set(model_parallel, "get_variable_layout", get_variable_layout)
 
+
+OVERRIDE = Override(
+    name="large weights left whole", kind=Kind.KERAS_OBJECTS, owner="distribution_module().ModelParallel",
+    attributes=("get_variable_layout",),
+    description="layouts: a large weight the layout map leaves whole is named in a warning",
+    apply=_warning_when_left_whole)
 
 def _warn_if_left_whole(distribution: Any, variable: Any, layout: Any) -> None:
     shape = tuple(int(d) for d in variable.shape)

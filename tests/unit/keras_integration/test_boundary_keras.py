@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import textwrap
+from typing import List
 
 import pytest
 
@@ -70,3 +74,102 @@ def test_every_boundary_name_resolves_on_the_installed_keras():
     assert "missing [] torch None" in out
     assert "triggers True" in out  # `import keras` loads one module of each: auto-activation installs then
     assert "torch lib True" in out  # ours on 3.15.1 (installed by auto-activation) or Keras' own (3.16)
+
+
+# ----------------------------------------------------------------------------- private Keras names, read elsewhere
+
+PRIVATE_KERAS_READS = {
+    # The ratchet: how many private Keras names each module reads outside the boundary today. A new read fails
+    # (add an accessor to _keras/keras_modules.py, with a per-release check in _keras/checks.py); a module that
+    # reads fewer fails too, until its count here is lowered, so the count only goes down.
+    "_keras/checks.py": 3,
+    "_keras/compile.py": 7,
+    "_keras/data.py": 1,
+    "_keras/reductions.py": 1,
+    "_keras/saving.py": 4,
+    "_keras/slice_loading.py": 1,
+    "_keras/variables.py": 27,
+}
+"""Per module (relative to the package), the private attribute reads :func:`private_reads` finds in it."""
+
+_ATTRIBUTE_FUNCTIONS = ("getattr", "hasattr")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_reads(source: str) -> List[str]:
+    """The private attribute reads in ``source`` that may be of a Keras object, as ``line: expression``.
+
+    A read ``x._name`` (``_name`` not a dunder) or ``getattr(x, "_name")``/``hasattr(x, "_name")`` counts, unless
+    ``x`` is a name bound by an import (a module: ours, torch's or the standard library's; their private names are
+    the torch boundary's concern or our own) or ``self``/``cls`` in a method of a class of ours. ``self`` in a
+    function that is not a method counts: there it is the Keras object the function is patched into.
+    """
+    tree = ast.parse(source)
+    imported = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    sites: List[str] = []
+
+    def visit(node: ast.AST, in_method: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            for child in node.body:
+                visit(child, isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            return
+        base, name = None, None
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and _is_private(node.attr):
+            base, name = node.value, node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTRIBUTE_FUNCTIONS
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and _is_private(node.args[1].value)):
+            base, name = node.args[0], node.args[1].value
+        if name is not None:
+            own = isinstance(base, ast.Name) and (base.id in imported or (in_method and base.id in ("self", "cls")))
+            if not own:
+                sites.append(f"{node.lineno}: {ast.unparse(node)}")
+        for child in ast.iter_child_nodes(node):
+            nested_function = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, in_method and not nested_function)
+
+    visit(tree, False)
+    return sites
+
+
+def _keras_facing_modules() -> List[pathlib.Path]:
+    """Every module of the integration (``_keras/``, the boundary excepted) and each top-level module that uses it."""
+    top_level = [path for path in sorted(PACKAGE_DIR.glob("*.py"))
+                 if re.search(r"^from \.+_keras\b|^\s*import keras\b", path.read_text(encoding="utf-8"), re.M)]
+    return [path for path in sorted((PACKAGE_DIR / "_keras").glob("*.py")) if path != BOUNDARY] + top_level
+
+
+def test_private_keras_names_are_read_through_the_boundary_and_their_reads_only_go_down():
+    found = {str(path.relative_to(PACKAGE_DIR)): private_reads(path.read_text(encoding="utf-8"))
+             for path in _keras_facing_modules()}
+    grown = {module: sites for module, sites in found.items() if len(sites) > PRIVATE_KERAS_READS.get(module, 0)}
+    assert not grown, ("read these private Keras names through an accessor of _keras/keras_modules.py, with a "
+                       f"per-release check in _keras/checks.py: {grown}")
+    fewer = {module: (len(found.get(module, [])), count) for module, count in PRIVATE_KERAS_READS.items()
+             if len(found.get(module, [])) < count}
+    assert not fewer, f"fewer private Keras reads than PRIVATE_KERAS_READS says (found, recorded): lower it: {fewer}"
+
+
+def test_the_private_read_finder_tells_keras_objects_from_modules_and_our_own_classes():
+    source = textwrap.dedent('''
+        import torch
+        from . import keras_modules
+
+        class Ours:
+            def method(self):
+                return self._mine, torch._C, keras_modules._private()
+
+        def install(trainer_class):
+            original = trainer_class._compute_loss
+
+            def _compute_loss(self, x):
+                return self._losses, getattr(self, "_layout", None), hasattr(self, "__dict__"), self.__class__
+
+            return original, _compute_loss
+        ''')
+    assert [site.split(": ", 1)[1] for site in private_reads(source)] == [
+        "trainer_class._compute_loss", "self._losses", "getattr(self, '_layout', None)"]

@@ -1,0 +1,76 @@
+"""Keras ops that write into or encode a DTensor: ``slice_update`` and ``one_hot``.
+
+- ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
+  an in-place op whose strategy needs another placement ("in-place operations that require
+  placement changes are not supported"), as for a prompt sharded on the batch axis (keras_hub's
+  ``generate()``). A sharded input is made ``Replicate`` first, so the write is allowed; values
+  are unchanged and the (small) result is replicated.
+- ``one_hot`` while compiling: DTensor has no strategy for the range check torch's ``one_hot`` makes
+  when traced (keras_hub's Qwen MoE router); each rank encodes its own piece.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import keras_modules
+from .._lifecycle.recorder import PatchRecorder
+from .local_pieces import from_pieces, piece
+from .overrides import Kind, Override
+from .patches import rebind_everywhere
+
+
+def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
+    core = keras_modules.core()
+    rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
+    nn = keras_modules.backend_nn()
+    rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
+
+
+OVERRIDE = Override(
+    name="slice_update and one_hot", kind=Kind.OPS, family="tensor",
+    owner="core(), backend_nn() (and every Keras module importing them)",
+    attributes=("slice_update", "one_hot"),
+    description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling",
+    apply=_slice_update_and_one_hot)
+
+
+def _replicated_slice_update(original: Any) -> Any:
+    @functools.wraps(original)
+    def slice_update(inputs: Any, start_indices: Any, updates: Any) -> Any:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if isinstance(inputs, DTensor) and any(not isinstance(p, Replicate) for p in inputs.placements):
+            inputs = inputs.redistribute(inputs.device_mesh, [Replicate()] * inputs.device_mesh.ndim)
+        return original(inputs, start_indices, updates)
+
+    return slice_update
+
+
+def _local_one_hot(original: Any) -> Any:
+    """Keras' ``one_hot``; while compiling, of a DTensor's local piece, wrapped with its placements.
+
+    Traced, torch's ``one_hot`` of a DTensor checks its input's range with ``aten._assert_async.msg``,
+    which DTensor has no strategy for (``repros/torch_dtensor_one_hot_compiled.py``): a graph break
+    inside Keras' ``name_scope`` (keras_hub's Qwen MoE router), and the split graph then returned a
+    view of its DTensor input, which AOTAutograd replays with ``as_strided`` ("as_strided not supported
+    with DTensor"). Each element is encoded on its own, so the local piece gives this rank's part of the
+    result; the new class axis is whole.
+    """
+
+    @functools.wraps(original)
+    def one_hot(x: Any, num_classes: Any, axis: int = -1, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        if not (torch.compiler.is_compiling() and isinstance(x, DTensor)
+                and all(type(p) is Shard or isinstance(p, Replicate) for p in x.placements)):
+            return original(x, num_classes, axis, *args, **kwargs)
+        encoded = original(piece(x, x.device_mesh, x.placements), num_classes, axis, *args, **kwargs)
+        class_dim = axis % encoded.ndim
+        placements = [Shard(p.dim + (p.dim >= class_dim)) if isinstance(p, Shard) else p for p in x.placements]
+        shape = torch.Size((*x.shape[:class_dim], encoded.shape[class_dim], *x.shape[class_dim:]))
+        return from_pieces(encoded, x.device_mesh, placements, shape)
+
+    return one_hot

@@ -1,0 +1,50 @@
+"""The Keras integration's declared overrides: their order, and the declarations themselves (no Keras needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from keras_dtensor_mixfix._keras.overrides import Kind, Override, in_order
+
+
+def _override(name: str, *after: str) -> Override:
+    return Override(name=name, kind=Kind.KERAS_OBJECTS, owner="layer_class()", attributes=("__call__",),
+                    description=f"{name} applied", apply=lambda recorder: None, after=after)
+
+
+def test_the_order_keeps_the_declared_one_unless_an_override_comes_after_a_later_one():
+    first, second, third = _override("first"), _override("second", "third"), _override("third")
+    assert [o.name for o in in_order([first, second, third])] == ["first", "third", "second"]
+    assert [o.name for o in in_order([first, third, second])] == ["first", "third", "second"]
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    ([_override("a", "b"), _override("b", "a")], "cycle"),
+    ([_override("a", "nowhere")], "unknown"),
+    ([_override("a"), _override("a")], "two overrides"),
+], ids=["cycle", "unknown", "duplicate"])
+def test_an_order_that_cannot_be_kept_is_refused(overrides, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        in_order(overrides)
+
+
+def test_an_op_override_names_its_family_and_only_an_op_override_does():
+    with pytest.raises(ValueError, match="op family"):
+        Override(name="take", kind=Kind.OPS, owner="backend_numpy()", attributes=("take",), description="take",
+                 apply=lambda recorder: None)
+    with pytest.raises(ValueError, match="op family"):
+        Override(name="saving", kind=Kind.KERAS_OBJECTS, owner="saving_lib()", attributes=("save_model",),
+                 description="saving", apply=lambda recorder: None, family="saving")
+
+
+def test_every_declared_override_is_in_the_install_order_with_its_line_and_attributes():
+    from keras_dtensor_mixfix import keras_integration
+
+    ordered = in_order(keras_integration.OVERRIDES)  # raises on a duplicate name, an unknown `after`, a cycle
+    assert len(ordered) == len(keras_integration.OVERRIDES)
+    for override in ordered:
+        assert override.description and "\n" not in override.description, override.name
+        assert override.attributes and all(isinstance(name, str) for name in override.attributes), override.name
+    position = {o.name: i for i, o in enumerate(ordered)}
+    assert position["einsum kernel split"] > position["local einsum"]  # it wraps the einsum local einsum installs
+    assert ordered[-1].name == "promotion mode"  # its report line is the last (tests/test_keras316.py reads it)
