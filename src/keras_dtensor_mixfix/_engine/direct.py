@@ -27,7 +27,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .._rules.ops import op_traits
-from .._torch.api import DTensorSpec, dtensor_handles_specially, propagate_sharding
+from .._torch.api import DTensorSpec, dtensor_handles_specially, local_output_spec
 from .._torch.operators import OpOverload, is_view_schema, schema_of
 from .operands import dtensors_in
 
@@ -94,15 +94,14 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
         return None
     elif in_place and type(args[0]) is not DTensor:
         return None
-    sharding = propagate_sharding(func, args, kwargs)
-    if sharding is None or sharding.needs_redistribute:
+    local = local_output_spec(func, args, kwargs)
+    if local is None or not local.runs_locally:
         return None
-    spec: Any = sharding.output_spec
+    spec: Any = local.output_spec
     if foreach:
         if in_place:
             return NO_RESULT if spec is None else None
-        if type(spec) not in (list, tuple) or not all(type(s) is DTensorSpec and s.tensor_meta is not None
-                                                      for s in spec):
+        if type(spec) not in (list, tuple) or not all(type(s) is DTensorSpec for s in spec) or not local.meta_known:
             return None
         return tuple(spec)
     if type(spec) is not DTensorSpec:
@@ -111,7 +110,7 @@ def _plan(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Plan:
         # DTensor returns ``self`` untouched only when the placements stay; otherwise it edits
         # self's spec, which is left to DTensor.
         return IN_PLACE if spec.placements == args[0]._spec.placements else None
-    if spec.tensor_meta is None:
+    if not local.meta_known:
         return None
     return spec
 

@@ -30,7 +30,7 @@ import torch
 from .._engine import context
 from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, on_other_meshes, torch_first
 from .._rules.ops import has_two_tensor_inputs, op_key
-from .._torch.api import dispatch_rule_holder, registration_handle
+from .._torch.api import dispatch_rule_for, register_dispatch_rule, registration_handle, shadow_register
 from .._torch.operators import OpOverload, all_op_names, op_schema
 from .recorder import PatchRecorder
 
@@ -84,22 +84,20 @@ class _YieldingRegister:
     and we are still patched, ours comes back. Registrations for other classes pass straight through.
     """
 
-    __slots__ = ("holder", "qualname", "dtensor")
+    __slots__ = ("qualname", "dtensor")
 
-    def __init__(self, holder: Any, qualname: str, dtensor: type) -> None:
-        self.holder = holder
+    def __init__(self, qualname: str, dtensor: type) -> None:
         self.qualname = qualname
         self.dtensor = dtensor
 
     def __call__(self, torch_dispatch_class: type, func: Callable[..., Any]) -> Any:
-        original = type(self.holder).register
+        qualname = self.qualname
         if torch_dispatch_class is not self.dtensor:
-            return original(self.holder, torch_dispatch_class, func)
+            return register_dispatch_rule(qualname, torch_dispatch_class, func)
         installed = context.state().installed  # the interceptor of the patch in force, if any
         if installed is not None:
-            installed._step_aside(self.qualname)
-        handle = original(self.holder, torch_dispatch_class, func)
-        qualname = self.qualname
+            installed._step_aside(qualname)
+        handle = register_dispatch_rule(qualname, torch_dispatch_class, func)
 
         def destroy() -> None:
             handle.destroy()
@@ -150,19 +148,18 @@ class DispatchRuleInterceptor:
         with self._lock:
             if qualname in self._handles:
                 return
-            holder = dispatch_rule_holder(qualname)
-            existing = holder.find(self._dtensor)
+            existing = dispatch_rule_for(qualname, self._dtensor)
             if existing is not None:
                 self._skipped[qualname] = f"another torch_dispatch rule for DTensor is registered: {existing!r}"
                 return
             self._skipped.pop(qualname, None)
             rule = self._write_rule if qualname in _writing_ops else self._rule
-            self._handles[qualname] = type(holder).register(holder, self._dtensor, rule)
+            self._handles[qualname] = register_dispatch_rule(qualname, self._dtensor, rule)
             if qualname not in self._yielding:
-                yielding = _YieldingRegister(holder, qualname, self._dtensor)
-                # An instance attribute: shadows the method for this holder only; restoring deletes it.
-                self._register_swaps.set(holder, "register", yielding,
-                                         label=f"the register method of {qualname}'s dispatch-rule holder")
+                yielding = _YieldingRegister(qualname, self._dtensor)
+                # Shadows torch's register for this op only; restoring the recorder puts torch's back.
+                shadow_register(self._register_swaps, qualname, yielding,
+                                label=f"the register method of {qualname}'s dispatch-rule holder")
                 self._yielding[qualname] = yielding
 
     def hold_pending(self) -> None:
@@ -182,7 +179,7 @@ class DispatchRuleInterceptor:
             handle = self._handles.pop(qualname, None)
             if handle is None:
                 return
-            if dispatch_rule_holder(qualname).find(self._dtensor) in (self._rule, self._write_rule):
+            if dispatch_rule_for(qualname, self._dtensor) in (self._rule, self._write_rule):
                 handle.destroy()
             self._skipped[qualname] = "another library registered its own DTensor dispatch rule after patch()"
 
@@ -199,8 +196,7 @@ class DispatchRuleInterceptor:
         foreign: List[str] = []
         with self._lock:
             for qualname, handle in self._handles.items():
-                holder = dispatch_rule_holder(qualname)
-                current = holder.find(self._dtensor)
+                current = dispatch_rule_for(qualname, self._dtensor)
                 if current is self._rule or current is self._write_rule:
                     handle.destroy()
                 elif current is not None:
@@ -220,4 +216,4 @@ class DispatchRuleInterceptor:
         """True if our rule is the live one for ``qualname``; None if we never hooked it."""
         if qualname not in self._handles:
             return None
-        return dispatch_rule_holder(qualname).find(self._dtensor) in (self._rule, self._write_rule)
+        return dispatch_rule_for(qualname, self._dtensor) in (self._rule, self._write_rule)

@@ -11,7 +11,7 @@ them is missing makes the caller fall back to doing nothing (torch's own path), 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Tuple
 
 import torch
 
@@ -19,9 +19,10 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DTensorSpec", "TensorMeta", "redistribute_local_tensor", "compute_local_shape_and_global_offset",
-    "dtensor_fast_constructor", "dtensor_handles_specially", "propagate_sharding",
+    "dtensor_fast_constructor", "dtensor_handles_specially", "LocalOutput", "local_output_spec",
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
-    "clear_sharding_cache", "dispatch_rule_holder", "registration_handle", "is_traced", "current_compile_id",
+    "clear_sharding_cache", "dispatch_rule_for", "register_dispatch_rule", "shadow_register", "registration_handle",
+    "is_traced", "current_compile_id",
     "aot_autograd_cache", "skipping_save", "without_autograd_cache", "reset_compiled_code", "is_masked_partial",
 ]
 
@@ -65,17 +66,47 @@ def dtensor_handles_specially(func: Any) -> bool:
     return func in dispatcher._random_ops or func in dispatcher._custom_op_handlers
 
 
-def propagate_sharding(func: Any, args: Any, kwargs: Any) -> Any:
-    """DTensor's own sharding propagation for a call of DTensors: its ``OutputSharding``.
+class LocalOutput(NamedTuple):
+    """What DTensor's sharding propagation says about one call (see :func:`local_output_spec`)."""
 
-    None when this rank is not part of the call's mesh (DTensor then skips the op).
+    runs_locally: bool
+    """DTensor runs the op on the local tensors as they are: no operand needs redistributing."""
+    output_spec: Any
+    """The result's ``DTensorSpec``; a list of them for an op returning a list; None for an op returning nothing."""
+    meta_known: bool
+    """Every ``DTensorSpec`` in ``output_spec`` carries its ``tensor_meta`` (global shape, stride, dtype), without
+    which no DTensor can be built from it."""
+
+
+def local_output_spec(func: Any, args: Any, kwargs: Any) -> Optional[LocalOutput]:
+    """What DTensor's own sharding propagation decides for ``func(*args, **kwargs)``, a call of DTensors.
+
+    Relies on ``DTensor._op_dispatcher.unwrap_to_op_info``, ``sharding_propagator.propagate``,
+    ``DeviceMesh._is_current_rank_part_of_mesh`` and the ``OutputSharding`` fields ``needs_redistribute`` and
+    ``output_spec``.
+
+    Args:
+        func: the op overload.
+        args: its positional arguments (no plain tensor among them: a mixed call raises).
+        kwargs: its keyword arguments.
+
+    Returns:
+        None when this rank is not part of the call's mesh (DTensor then skips the op); otherwise a
+        :class:`LocalOutput`.
+
+    Raises:
+        RuntimeError: torch's own, e.g. the mixed-operand error, or no sharding strategy for the op.
     """
     dispatcher = DTensor._op_dispatcher
     op_info = dispatcher.unwrap_to_op_info(func, args, kwargs)
     if not op_info.compute_mesh._is_current_rank_part_of_mesh():
         return None
     dispatcher.sharding_propagator.propagate(op_info)
-    return op_info.output_sharding
+    sharding = op_info.output_sharding
+    spec = sharding.output_spec
+    specs = spec if type(spec) in (list, tuple) else (spec,)
+    meta_known = all(s.tensor_meta is not None for s in specs if isinstance(s, DTensorSpec))
+    return LocalOutput(not sharding.needs_redistribute, spec, meta_known)
 
 
 # --------------------------------------------------------------------------- operator registry
@@ -122,14 +153,55 @@ def clear_sharding_cache() -> None:
 # --------------------------------------------------------------------------- dispatch-rule registry
 
 
-def dispatch_rule_holder(qualname: str) -> Any:
-    """The holder of ``torch_dispatch`` rules for one op overload (``torch._library.simple_registry``).
-
-    It keeps ONE rule per (op, class) and raises on a second registration.
-    """
+def _rule_holder(qualname: str) -> Any:
+    """The holder of ``torch_dispatch`` rules for one op overload (``torch._library.simple_registry``): it keeps ONE
+    rule per (op, class), raises on a second registration, and is the same object for a name every time it is asked
+    (it exists before the op does)."""
     from torch._library import simple_registry
 
     return simple_registry.singleton.find(qualname).torch_dispatch_rules
+
+
+def dispatch_rule_for(qualname: str, cls: type) -> Optional[Callable[..., Any]]:
+    """The ``torch_dispatch`` rule registered for ``cls`` on the op ``qualname`` (``aten::mul.Tensor``), or None."""
+    return _rule_holder(qualname).find(cls)
+
+
+def register_dispatch_rule(qualname: str, cls: type, rule: Callable[..., Any]) -> Any:
+    """Register ``rule`` for ``cls`` on the op ``qualname`` with torch's own ``register``, past any stand-in that
+    :func:`shadow_register` put on the op's holder.
+
+    Returns:
+        the registration's handle (``destroy()`` removes it).
+
+    Raises:
+        RuntimeError: a rule for (op, ``cls``) is registered already (torch keeps one).
+    """
+    holder = _rule_holder(qualname)
+    return type(holder).register(holder, cls, rule)
+
+
+class AttributeSetter(Protocol):
+    """What :func:`shadow_register` replaces an attribute through (the package's patch recorder)."""
+
+    def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None) -> None: ...
+
+
+def shadow_register(recorder: AttributeSetter, qualname: str, replacement: Callable[[type, Callable[..., Any]], Any],
+                    label: str) -> None:
+    """Make ``torch.library.register_torch_dispatch(qualname, cls, func)`` call ``replacement(cls, func)``.
+
+    ``replacement`` becomes an instance attribute ``register`` of the op's rule holder, set through ``recorder``:
+    it shadows torch's method for this op only, and the recorder's restore deletes it. ``replacement`` registers
+    with :func:`register_dispatch_rule`, which goes past it.
+
+    Args:
+        recorder: sets the attribute and records it (``PatchRecorder``).
+        qualname: the op (``aten::mul.Tensor``).
+        replacement: called as torch's ``register`` is (a class and a rule); returns a handle.
+        label: names the replacement in the recorder's warnings.
+    """
+    recorder.set(_rule_holder(qualname), "register", replacement, label=label)
 
 
 def registration_handle(on_destroy: Callable[[], None]) -> Any:

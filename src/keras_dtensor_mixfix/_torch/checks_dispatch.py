@@ -7,7 +7,7 @@ behave as the package relies on; ``checks.CHECKS`` lists them in the order they 
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .probe import PROBE_QUALNAME, Probe, api_module, require
 
@@ -79,24 +79,25 @@ def check_dispatch_rule_registry(probe: Probe) -> str:
 
     api = api_module()
     probe.probe_op()
-    holder = api.dispatch_rule_holder(PROBE_QUALNAME)
-    require(holder.find(DTensor) is None, "a DTensor rule is already registered on the probe op")
+    require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is None, "a DTensor rule is already registered on the probe op")
+    require(api._rule_holder(PROBE_QUALNAME) is api._rule_holder(PROBE_QUALNAME),
+            "simple_registry.singleton.find(op) returns a new holder each time")
 
     def rule(cls: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         return NotImplemented
 
-    handle = type(holder).register(holder, DTensor, rule)
+    handle = api.register_dispatch_rule(PROBE_QUALNAME, DTensor, rule)
     try:
-        require(holder.find(DTensor) is rule, "holder.find does not return the registered rule")
+        require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is rule, "holder.find does not return the registered rule")
         try:
-            type(holder).register(holder, DTensor, rule)
+            api.register_dispatch_rule(PROBE_QUALNAME, DTensor, rule)
         except RuntimeError:
             pass
         else:
             raise AssertionError("a second rule for (op, DTensor) was accepted: the registry no longer keeps one")
     finally:
         handle.destroy()
-    require(holder.find(DTensor) is None, "handle.destroy() left the rule registered")
+    require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is None, "handle.destroy() left the rule registered")
     return "simple_registry.singleton.find(op).torch_dispatch_rules: register (one per class), find, destroy"
 
 
@@ -106,7 +107,6 @@ def check_rule_runs_before_fast_path(probe: Probe) -> str:
 
     api = api_module()
     op = probe.probe_op()
-    holder = api.dispatch_rule_holder(PROBE_QUALNAME)
     calls: List[Tuple[Any, Any]] = []
 
     def rule(cls: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -117,7 +117,7 @@ def check_rule_runs_before_fast_path(probe: Probe) -> str:
         local = func(first._local_tensor, second)  # plain tensors: torch's own kernel
         return DTensor.from_local(local, first.device_mesh, first.placements, run_check=False)
 
-    handle = type(holder).register(holder, DTensor, rule)
+    handle = api.register_dispatch_rule(PROBE_QUALNAME, DTensor, rule)
     try:
         answer = False
         try:
@@ -141,29 +141,56 @@ def check_rule_runs_before_fast_path(probe: Probe) -> str:
     return "a (op, DTensor) rule sees mixed calls before DTensor's C++ fast path, in eager and in backward"
 
 
+class _Swaps:
+    """The part of the package's patch recorder ``shadow_register`` uses (``_torch`` cannot import it)."""
+
+    def __init__(self) -> None:
+        self.set_on: List[Tuple[Any, str]] = []
+
+    def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None) -> None:
+        require(name not in vars(owner), f"the holder holds its own {name!r} already")
+        setattr(owner, name, value)
+        self.set_on.append((owner, name))
+
+    def restore(self) -> None:
+        for owner, name in reversed(self.set_on):
+            delattr(owner, name)
+        self.set_on.clear()
+
+
 def check_register_goes_through_holder(probe: Probe) -> str:
     import torch
 
     api = api_module()
     probe.probe_op()
-    holder = api.dispatch_rule_holder(PROBE_QUALNAME)
     seen: List[type] = []
 
     class Marker(torch.Tensor):
         pass
 
+    class Bypassing(torch.Tensor):
+        pass
+
     def stand_in(cls: type, func: Callable[..., Any]) -> Any:
         seen.append(cls)
-        return type(holder).register(holder, cls, func)
+        return api.register_dispatch_rule(PROBE_QUALNAME, cls, func)
 
-    holder.register = stand_in  # what the interceptor does on every op it hooks
+    swaps = _Swaps()
+    api.shadow_register(swaps, PROBE_QUALNAME, stand_in, label="the probe op's register")  # as the interceptor does
+    handle = None
     try:
         torch.library.register_torch_dispatch(PROBE_QUALNAME, Marker, lambda *a: NotImplemented, lib=probe.library)
+        handle = api.register_dispatch_rule(PROBE_QUALNAME, Bypassing, lambda *a: NotImplemented)
+        require(api.dispatch_rule_for(PROBE_QUALNAME, Bypassing) is not None, "register_dispatch_rule did not register")
     finally:
-        del holder.register
-    require(seen == [Marker], "torch.library.register_torch_dispatch did not call the holder's own `register`")
-    require(holder.find(Marker) is not None, "the registration did not reach the holder")
-    return "torch.library.register_torch_dispatch calls holder.register (an instance attribute can stand in)"
+        swaps.restore()
+        if handle is not None:
+            handle.destroy()
+    require(seen == [Marker], f"torch.library.register_torch_dispatch did not call the holder's own `register` "
+            f"once, or register_dispatch_rule went through the stand-in ({seen})")
+    require(api.dispatch_rule_for(PROBE_QUALNAME, Marker) is not None, "the registration did not reach the holder")
+    return ("torch.library.register_torch_dispatch calls holder.register (an instance attribute can stand in); "
+            "the class's own register goes past it")
 
 
 def check_registration_handle(probe: Probe) -> str:

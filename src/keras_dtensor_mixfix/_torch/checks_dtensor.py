@@ -118,18 +118,30 @@ def check_special_ops(probe: Probe) -> str:
 
 def check_sharding_propagation(probe: Probe) -> str:
     import torch
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
 
     api = api_module()
     dtensor = probe.dtensor
-    sharding = api.propagate_sharding(torch.ops.aten.mul.Tensor, (dtensor, dtensor), {})
-    require(sharding is not None, "propagate_sharding says this rank is not part of the mesh")
-    spec = sharding.output_spec
+    local = api.local_output_spec(torch.ops.aten.mul.Tensor, (dtensor, dtensor), {})
+    require(local is not None, "local_output_spec says this rank is not part of the mesh")
+    require(isinstance(local, api.LocalOutput), f"local_output_spec returned {local!r}")
+    spec = local.output_spec
     require(isinstance(spec, api.DTensorSpec) and tuple(spec.placements) == (Shard(0),)
-             and spec.tensor_meta is not None, f"output_spec {spec!r}")
-    require(sharding.needs_redistribute is False, f"needs_redistribute {sharding.needs_redistribute!r}")
+            and spec.tensor_meta is not None and local.meta_known, f"output_spec {spec!r}, meta_known {local.meta_known}")
+    require(local.runs_locally is True, f"runs_locally {local.runs_locally!r} (needs_redistribute) on a matching Shard(0)")
+    # an mm of Shard(0) by Shard(1): DTensor redistributes an operand first (even on the probe's mesh of one)
+    other = dtensor.redistribute(dtensor.device_mesh, (Replicate(),)).redistribute(dtensor.device_mesh, (Shard(1),))
+    moved = api.local_output_spec(torch.ops.aten.mm.default, (dtensor, other), {})
+    require(moved is not None and moved.runs_locally is False,
+            f"runs_locally {getattr(moved, 'runs_locally', None)!r} for an mm of Shard(0) by Shard(1)")
+    listed = api.local_output_spec(torch.ops.aten._foreach_mul.List, ([dtensor, dtensor], [dtensor, dtensor]), {})
+    require(listed is not None and type(listed.output_spec) in (list, tuple) and len(listed.output_spec) == 2
+            and all(isinstance(s, api.DTensorSpec) for s in listed.output_spec) and listed.meta_known,
+            f"a _foreach_mul.List's output_spec {getattr(listed, 'output_spec', None)!r}")
+    in_place = api.local_output_spec(torch.ops.aten._foreach_mul_.List, ([dtensor], [dtensor]), {})
+    require(in_place is not None and in_place.output_spec is None, "an in-place _foreach op's output_spec is not None")
     return ("OpDispatcher.unwrap_to_op_info, DeviceMesh._is_current_rank_part_of_mesh, "
-            "sharding_propagator.propagate -> output_sharding (output_spec, needs_redistribute)")
+            "sharding_propagator.propagate -> output_sharding (output_spec, needs_redistribute, tensor_meta)")
 
 
 def check_implicit_replication(probe: Probe) -> str:
