@@ -46,6 +46,8 @@ def mlp_column_row(world_size):
     close(y, ry.detach(), "output")
     close(loss, ((ry.detach() - target) ** 2).mean(), "loss")
     plain_grad(px, rx.grad, "plain input grad")
+    # leaving patched() unpatched: our plain-grad hook and its mark are off the promoted input again
+    assert not hasattr(px, "_keras_dtensor_mixfix_grad_hook") and not px._backward_hooks, px._backward_hooks
     for name, d, r in [("w1", dw1, rw1), ("b1", db1, rb1), ("w2", dw2, rw2), ("b2", db2, rb2)]:
         assert d.grad.placements == d.placements, (name, d.grad.placements, d.placements)
         close(d.grad, r.grad, f"grad {name}")

@@ -299,6 +299,7 @@ def _to_unpatched() -> Tuple[bool, Optional[Callable[[], None]]]:
         context.set_state(False, Options())
         installed.remove()
         _clear_caches()
+        _remove_marks()
         _compile_cache_guard().uninstall()
         _compile_cache_guard().invalidate("unpatch()")
         log.debug("keras_dtensor_mixfix unpatched")
@@ -312,6 +313,15 @@ def _clear_caches() -> None:
     CACHES.clear()
     registry.clear_cache()
     clear_sharding_cache()
+
+
+def _remove_marks() -> None:
+    """Take off what the engine planted on user tensors (the plain-grad hooks and their marks)."""
+    from .._engine.grad import remove_plain_grad_hooks
+
+    removed = remove_plain_grad_hooks()
+    if removed:
+        log.debug("unpatch(): plain-grad hooks removed from %d tensor(s)", removed)
 
 
 def _set_options(options: Options) -> None:
