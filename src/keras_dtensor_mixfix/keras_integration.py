@@ -45,7 +45,8 @@ from ._keras import (activations, attention_ops, backend_lib, compile, convoluti
                      embedding_ops, keras_gate, keras_modules, layer_compile, local_einsum, normalization, promotion_mode,
                      reduction_ops, reductions, repeat, reshape, saving, tensor_ops, tracebacks, values, variables,
                      vocab_parallel_loss, whole_weights)
-from ._keras.overrides import Override, OverrideRecorder, in_order
+from ._keras.overrides import Override, in_order
+from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -66,8 +67,9 @@ OVERRIDES: Tuple[Override, ...] = (
 where their ``after`` allows; the report lists them in the same order."""
 
 _lock = threading.RLock()
-_installed: Optional[OverrideRecorder] = None
+_installed: Optional[PatchRecorder] = None
 _applied: List[Override] = []
+_recorded_by: List[Tuple[str, int]] = []  # (override name, how many of _installed's records it made), in order
 _report: List[str] = []
 _patched_here = False
 
@@ -118,8 +120,9 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
     with _lock:
         if _installed is not None:
             return True
-        patches = OverrideRecorder()
+        patches = PatchRecorder()
         applied: List[Override] = []
+        recorded_by: List[Tuple[str, int]] = []
         added: List[str] = []
         try:
             ordered = in_order(OVERRIDES)
@@ -129,18 +132,18 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
                     if override.kept is not None:
                         added.append(override.kept)
                     continue
-                patches.applying = override.name
+                recorded = len(patches)
                 line = override.apply(patches)
+                recorded_by.append((override.name, len(patches) - recorded))
                 applied.append(override)
                 added.append(line or override.description)
         except BaseException:
             patches.restore()
             _forget(applied)
             raise
-        finally:
-            patches.applying = None
         _installed = patches
         _applied[:] = applied
+        _recorded_by[:] = recorded_by
         _report[:] = added
         from ._lifecycle.patching import is_patched, patch
 
@@ -161,6 +164,7 @@ def uninstall() -> None:
             return
         _installed.restore()
         _installed = None
+        _recorded_by.clear()
         _report.clear()
         if _patched_here:  # undo only the patch install() made
             from ._lifecycle.patching import unpatch
@@ -181,4 +185,9 @@ def _replaced_attributes() -> List[Tuple[str, Any, str]]:
     """``(override name, owner, attribute)`` for every attribute the installed integration replaced (none if not
     installed), oldest first."""
     with _lock:
-        return [] if _installed is None else _installed.replaced()
+        if _installed is None:
+            return []
+        records = _installed.records()
+        names = [name for name, count in _recorded_by for _ in range(count)]
+        names += [""] * (len(records) - len(names))  # none expected: every override applies within install()
+        return [(name, record.owner, record.name) for name, record in zip(names, records)]

@@ -4,15 +4,15 @@ Each module of the integration declares what it changes in Keras as :class:`Over
 for an op override its op family), the attributes it replaces, what it must come after, whether this Keras release
 needs it, and the line ``keras_integration.report()`` shows for it. ``keras_integration.install()`` decides which
 overrides this Keras needs (on Keras as it is, before any is applied), puts them in an order that respects
-``after`` (:func:`in_order`) and applies each through one :class:`OverrideRecorder`, so that ``uninstall()``
-restores every replaced attribute exactly.
+``after`` (:func:`in_order`) and applies each through one ``PatchRecorder``, so that ``uninstall()``
+restores every replaced attribute exactly (and notes which override each of the recorder's records belongs to).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._lifecycle.recorder import PatchRecorder
 from .._rules.errors import InvalidArgumentError
@@ -100,25 +100,3 @@ def in_order(overrides: Sequence[Override]) -> List[Override]:
         placed.add(ready.name)
         waiting.remove(ready)
     return ordered
-
-
-class OverrideRecorder(PatchRecorder):
-    """The integration's one patch recorder, noting which override replaced each attribute (:meth:`replaced`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.applying: Optional[str] = None
-        self._replaced: List[Tuple[str, Any, str]] = []
-
-    def set(self, owner: Any, name: str, value: Any, **options: Any) -> None:
-        super().set(owner, name, value, **options)
-        self._replaced.append((self.applying or "", owner, name))
-
-    def replaced(self) -> List[Tuple[str, Any, str]]:
-        """``(override name, owner, attribute)`` for every replacement recorded and not restored yet, oldest first."""
-        return list(self._replaced)
-
-    def restore(self) -> List[str]:
-        self._replaced = []
-        return super().restore()
-

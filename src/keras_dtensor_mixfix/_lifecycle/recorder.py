@@ -5,7 +5,8 @@ Each replacement is recorded as ``(owner, name, previous, ours)`` and undone in 
 very descriptor it was (a ``staticmethod`` stays one) and an attribute the owner only inherited
 is deleted, not set, making the inherited one visible again. An attribute is restored only if it
 is still ours: if someone replaced it on top of us, a warning names it and it is left in place
-(restoring ours would silently undo their patch). A second ``restore()`` does nothing.
+(restoring ours would silently undo their patch). A second ``restore()`` does nothing. ``records()``
+lists what is recorded, oldest first.
 
 Only an attribute that exists (held or inherited) is replaced unless ``create=True`` says the
 package adds it on purpose: a Keras or torch release that renamed what we replace then fails at
@@ -79,6 +80,20 @@ class _Record(NamedTuple):
     label: str
 
 
+class Replacement(NamedTuple):
+    """One replacement a :class:`PatchRecorder` holds (see :meth:`PatchRecorder.records`)."""
+
+    owner: Any
+    """The object, class, module or dict that was given the new value."""
+    name: str
+    """The attribute (or key) replaced."""
+    previous: Any
+    """What ``owner`` itself held under ``name`` before, or :data:`MISSING` (inherited, absent): what
+    ``restore()`` puts back."""
+    label: str
+    """How warnings name it (the ``label`` given to ``set``, else ``Owner.name``)."""
+
+
 class PatchRecorder:
     """Replaces attributes (or dict entries, e.g. in ``sys.modules``) and restores them exactly.
 
@@ -92,6 +107,11 @@ class PatchRecorder:
     def __len__(self) -> int:
         """How many replacements are recorded (and not restored yet)."""
         return len(self._undo)
+
+    def records(self) -> List[Replacement]:
+        """Every replacement recorded and not restored yet, oldest first (a copy: restoring does not change it)."""
+        with self._lock:
+            return [Replacement(r.owner, r.name, r.previous, r.label) for r in self._undo]
 
     def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None, create: bool = False) -> None:
         """Set ``owner.name`` (``owner[name]`` for a dict) to ``value`` and record what it was.

@@ -140,3 +140,17 @@ def test_an_inherited_attribute_exists_for_the_refusal():
     assert Child.helper() == "ours"
     recorder.restore()
     assert "helper" not in vars(Child) and Child.helper() == "helper"
+
+
+def test_records_lists_each_replacement_with_what_it_replaced_oldest_first():
+    module = types.ModuleType("recorder_target")
+    module.value = "first"
+    recorder = PatchRecorder()
+    assert recorder.records() == []
+    recorder.set(module, "value", "second", label="the module's value")
+    recorder.set(Child, "method", lambda self: "ours")  # only inherited: nothing of Child's own replaced
+    records = recorder.records()
+    assert [(r.owner, r.name, r.previous, r.label) for r in records] == [
+        (module, "value", "first", "the module's value"), (Child, "method", MISSING, "Child.method")]
+    recorder.restore()
+    assert recorder.records() == [] and len(records) == 2  # a copy: the earlier list is left as it was
