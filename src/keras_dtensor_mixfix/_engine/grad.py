@@ -32,6 +32,7 @@ _ATTR = "_keras_dtensor_mixfix_grad_hook"
 _hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _hooked_lock = threading.Lock()
 
+
 class PlainGradHook:
     """Tensor hook: DTensor gradient in, plain gradient out (only while patched)."""
 
