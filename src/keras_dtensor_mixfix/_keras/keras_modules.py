@@ -1,8 +1,9 @@
-"""The Keras boundary: the one module that names ``keras.src``, Keras' private package.
+"""The Keras boundary's modules: the one module that names ``keras.src``, Keras' private package.
 
-Every other module of the integration reaches Keras' internals through the functions and names
-here, so a Keras release that moves something is met in one file (``tests/unit`` fails when
-another module of the package names ``keras.src``). Every import happens inside a function:
+Every other module of the integration reaches Keras' private modules through the functions and names
+here, and the private attributes of Keras objects through :mod:`.keras_private`, so a Keras release that
+moves something is met in one of the two (``tests/unit/keras_integration`` fails when another module of the
+package names ``keras.src`` or a private attribute of a Keras object). Every import happens inside a function:
 importing the package, and ``import torch`` (which auto-activates it), never imports Keras.
 The imports are plain ``import`` statements wherever the name is the same in every release
 checked, so a compiled Keras step (TorchDynamo) that reaches one traces it as before; only names
