@@ -8,6 +8,8 @@ Keras exactly.
 - :mod:`.overrides`: the declaration, its order, and the recorder that notes which override replaced what;
 - :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
   installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;
+- :mod:`.keras_private`: the other half of the boundary, the one module that touches private attributes of Keras
+  objects (a Variable's ``_value``, a layer's ``_losses``, the private methods the overrides replace);
 - :mod:`.keras_gate`: which Keras releases the integration installs into (and the opt-in for a newer one);
 - :mod:`.checks`, :mod:`.selfcheck`: the Keras self-check, one named check per Keras internal relied on;
 - :mod:`.backend_lib`: the torch ``distribution_lib`` Keras uses (ours, or Keras' own completed);

@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Dict, Iterable
 
-from . import keras_modules
+from . import keras_modules, keras_private
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,23 @@ def check_distribution_api() -> str:
     layout = module.TensorLayout([None, "model"], mesh)
     if tuple(layout.axes) != (None, "model") or tuple(mesh.axis_names) != ("model",):
         raise ValueError(f"TensorLayout/DeviceMesh keep axes {layout.axes!r}, {mesh.axis_names!r}")
-    return "distribution(), DeviceMesh, TensorLayout (axes, backend_layout), Distribution layouts"
+    for distribution_class in (module.DataParallel, module.ModelParallel):
+        _sets_in_init(distribution_class, keras_private.IS_MULTI_PROCESS)
+    _sets_in_init(module.ModelParallel, keras_private.LAYOUT_MAP)
+    if keras_private.layout_map_of(mesh) is not None or keras_private.is_multi_process(mesh) is not False:
+        raise ValueError("layout_map_of/is_multi_process of an object that keeps neither are not None/False")
+    return ("distribution(), DeviceMesh, TensorLayout (axes, backend_layout), Distribution layouts; DataParallel's and "
+            "ModelParallel's _is_multi_process, ModelParallel's _layout_map")
+
+
+def _sets_in_init(cls: type, attribute: str) -> None:
+    """``cls``'s ``__init__`` (its own or inherited) sets ``self.<attribute>``: read from the source, since a
+    distribution cannot be made here (before 3.15 it asks the backend's distribution_lib, None with the package
+    off, for the process count)."""
+    sources = [inspect.getsource(klass.__init__) for klass in cls.__mro__ if "__init__" in vars(klass)
+               and klass is not object]
+    if not any(f"self.{attribute} =" in source for source in sources):
+        raise AttributeError(f"{cls.__qualname__}.__init__ sets no {attribute}")
 
 
 def check_variable_internals() -> str:
@@ -80,8 +96,8 @@ def check_variable_internals() -> str:
     base = keras_modules.base_variable_class()
     if not issubclass(variable_class, base):
         raise TypeError(f"{variable_class.__qualname__} does not derive from the common Variable")
-    _require(variable_class, ("_initialize", "_initialize_with_initializer", "_direct_assign", "_convert_to_tensor"),
-             "the torch Variable")
+    _require(variable_class, (keras_private.VARIABLE_INITIALIZE, keras_private.VARIABLE_INITIALIZE_WITH_INITIALIZER,
+                              keras_private.VARIABLE_DIRECT_ASSIGN, "_convert_to_tensor"), "the torch Variable")
     _require(keras_modules.core(), ("to_torch_dtype",), "the torch backend's core module")
     _require(base, ("_validate_shape", "__repr__", "path", "trainable", "value"), "the common Variable")
     variable = variable_class(initializer=[[1.0, 2.0]], dtype="float32", name="selfcheck_variable")
@@ -90,14 +106,31 @@ def check_variable_internals() -> str:
             raise AttributeError(f"a Variable keeps no {name} (has {', '.join(sorted(vars(variable)))})")
     import torch
 
-    if not isinstance(variable._value, torch.nn.Parameter):
-        raise TypeError(f"a torch Variable holds a {type(variable._value).__name__}, not an nn.Parameter")
-    return "torch Variable _initialize, _direct_assign; _value (an nn.Parameter), _dtype, _shape"
+    stored = keras_private.variable_storage(variable)
+    if not isinstance(stored, torch.nn.Parameter):
+        raise TypeError(f"a torch Variable holds a {type(stored).__name__}, not an nn.Parameter")
+    shape, dtype = keras_private.variable_shape(variable), keras_private.variable_dtype(variable)
+    if shape != (1, 2) or dtype != "float32" or keras_private.variable_shape(object(), None) is not None:
+        raise ValueError(f"a Variable made with shape (1, 2), float32 keeps _shape {shape!r}, _dtype {dtype!r}")
+    if keras_private.validated_shape(variable, [1, 2]) != (1, 2):
+        raise ValueError("Variable._validate_shape([1, 2]) is not (1, 2)")
+    converted = keras_private.convert_for_variable(variable, [[3.0, 4.0]])
+    if not isinstance(converted, torch.Tensor) or converted.dtype != torch.float32:
+        raise TypeError(f"Variable._convert_to_tensor gives {type(converted).__name__}, not a float32 tensor")
+    keras_private.set_variable_shape(variable, shape)
+    kept = keras_private.variable_layout(variable, None)  # None: made with no layout (or before 3.15, no _layout)
+    marker = object()
+    keras_private.set_variable_layout(variable, marker)
+    if kept is not None or keras_private.variable_layout(variable) is not marker:
+        raise ValueError(f"a Variable made with no layout keeps _layout {kept!r}")
+    return ("torch Variable _initialize, _initialize_with_initializer, _direct_assign, _convert_to_tensor, "
+            "_validate_shape; _value (an nn.Parameter), _dtype, _shape, _layout")
 
 
 def check_variable_layouts() -> str:
     if keras_modules.native_layout_variables():
-        return "Keras' own layout-aware variables (_initialize_distributed): kept"
+        _require(keras_modules.core().Variable, (keras_private.VARIABLE_INITIALIZE_DISTRIBUTED,), "the torch Variable")
+        return "Keras' own layout-aware variables (_initialize_distributed): kept, its parameters hooked"
     if keras_modules.variables_take_layouts():
         return "the common Variable takes layout= and keeps it as _layout"
     _takes(keras_modules.base_variable_class().__init__, "kwargs")
@@ -117,7 +150,7 @@ def check_trainer_steps() -> str:
     for kind in ("train", "test", "predict"):
         _takes(getattr(trainer_class, f"make_{kind}_function"), "force")
     _require(trainer_class, ("train_step", "_compute_loss", "compute_metrics"), trainer_class.__qualname__)
-    _takes(trainer_class._compute_loss, "x", "y", "y_pred", "sample_weight", "training")
+    _takes(trainer_class._compute_loss, "x", "y", "y_pred", "sample_weight", "training")  # the forked step calls it
     return f"{trainer_class.__qualname__}.make_*_function(force), train_step, _compute_loss, compute_metrics"
 
 
@@ -140,11 +173,14 @@ def check_compiled_step_state() -> str:
 def check_compile_hooks() -> str:
     trainer_class = keras_modules.trainer_class()
     if keras_modules.native_promotion_mode():
-        _require(trainer_class, ("_use_torch_compile",), trainer_class.__qualname__)
+        _require(trainer_class, (keras_private.TRAINER_USE_TORCH_COMPILE,), trainer_class.__qualname__)
         _require(keras_modules.core(), ("_get_dtensor_promotion_mode",), "the torch backend's core")
+        mode = keras_private.dtensor_promotion_mode(keras_modules.core())
+        if mode is not None:
+            raise ValueError(f"_get_dtensor_promotion_mode() gives {mode!r} outside any distribution")
         return "Keras' promotion mode (activate_dtensor_promotion) and _use_torch_compile: replaced while patched"
-    ddp = "present" if keras_modules.ddp_initializer() is not None else "absent"
-    return f"no promotion mode of Keras' own; _initialize_ddp {ddp}"
+    ddp = "present" if keras_private.ddp_initializer() is not None else "absent"
+    return f"no promotion mode of Keras' own; {keras_private.TRAINER_INITIALIZE_DDP} {ddp}"
 
 
 def check_backend_ops() -> str:
@@ -159,8 +195,8 @@ def check_backend_ops() -> str:
     _require(keras_modules.backend_nn(), ("dot_product_attention", "one_hot", "sparse_categorical_crossentropy",
                                           "conv", "conv_transpose") + ACTIVATIONS,
              "the torch backend's nn")
-    _require(keras_modules.ops_nn(), ("_rms_normalization",), "Keras' ops.nn")
-    _takes(keras_modules.rms_normalization_function(), "x", "scale", "axis", "epsilon")
+    _require(keras_modules.ops_nn(), (keras_private.RMS_NORMALIZATION,), "Keras' ops.nn")
+    _takes(keras_private.rms_normalization_function(), "x", "scale", "axis", "epsilon")
     for convolution in (keras_modules.backend_nn().conv, keras_modules.backend_nn().conv_transpose):
         _takes(convolution, "inputs", "kernel")
     _takes(keras_modules.backend_numpy().reshape, "x", "newshape")
@@ -170,9 +206,10 @@ def check_backend_ops() -> str:
 
 
 def check_traceback_filter() -> str:
-    excluded = keras_modules.traceback_excluded_paths()
+    excluded = keras_private.traceback_excluded_paths()
     if not isinstance(excluded, tuple) or not all(isinstance(path, str) for path in excluded):
-        raise TypeError(f"traceback_utils._EXCLUDED_PATHS is {excluded!r}, not a tuple of paths")
+        raise TypeError(f"traceback_utils.{keras_private.TRACEBACK_EXCLUDED_PATHS} is {excluded!r}, not a tuple of "
+                        "paths")
     return "traceback_utils._EXCLUDED_PATHS, a tuple of paths Keras' traceback filter hides"
 
 
@@ -192,17 +229,20 @@ def check_layer_compile() -> str:
 
     outer = keras.Sequential([keras.layers.Dense(1, name="selfcheck_inner")], name="selfcheck_outer")
     outer.build((None, 1))
-    tree = keras_modules.layer_tree(outer)
+    tree = keras_private.layer_tree(outer)
     if tree[0] is not outer or outer.layers[0] not in tree:
         raise ValueError(f"_flatten_layers(include_self=True, recursive=True) gives {tree!r}")
+    direct = keras_private.sublayers(outer)
+    if outer in direct or outer.layers[0] not in direct:
+        raise ValueError(f"_flatten_layers(include_self=False, recursive=False) gives {direct!r}")
     kernel = outer.layers[0].kernel
-    stored = keras_modules.variable_storage(kernel)
-    keras_modules.set_variable_storage(kernel, stored.detach() * 0)
+    stored = keras_private.variable_storage(kernel)
+    keras_private.set_variable_storage(kernel, stored.detach() * 0)
     try:
         if float(keras.ops.sum(kernel.value)) != 0.0:
             raise ValueError("a Variable does not read the tensor set as its _value")
     finally:
-        keras_modules.set_variable_storage(kernel, stored)
+        keras_private.set_variable_storage(kernel, stored)
     layer = Doubling()
     object.__setattr__(layer, "call", lambda x: 3 * x)  # what layer_compile does to a member of a group
     if float(layer(keras.ops.ones(()))) != 3.0:
@@ -226,9 +266,38 @@ def check_data_and_saving() -> str:
     _require(keras_modules.base_variable_class(), ("assign", "numpy"), "the common Variable")
     _require(keras_modules.random_initializer_class(), ("__init__",), "RandomInitializer")
     _require(keras_modules.rng_utils(), ("get_random_seed", "set_random_seed"), "rng_utils")
+    _check_h5_entries(saving.H5IOStore)
     return ("get_data_adapter, is_tf_dataset; saving_lib.save_model/save_weights_only(model, filepath), "
             "load_model, load_weights_only, H5IOStore (make, __getitem__, __setitem__), ShardedH5IOStore, "
-            "safe_get_h5_dataset, is_memory_sufficient; Variable.assign/numpy; RandomInitializer; rng_utils")
+            "safe_get_h5_dataset, is_memory_sufficient, its entry's h5 group (_h5_entry_group, created by "
+            "_create_h5_group(_h5_entry_path) unless _h5_entry_initialized); Variable.assign/numpy; "
+            "RandomInitializer; rng_utils")
+
+
+def _check_h5_entries(store_class: type) -> None:
+    """An ``H5IOStore`` written through :func:`.keras_private.open_h5_entry_group` (as the streaming store writes a
+    sharded weight) reads back the same, and its entry's group is :func:`.keras_private.h5_entry_group`."""
+    import tempfile
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = f"{directory}/selfcheck.weights.h5"
+        store = store_class(path, mode="w")
+        try:
+            store.make("selfcheck_layer/vars")
+            group = keras_private.open_h5_entry_group(store)
+            group.create_dataset("0", shape=(2,), dtype="float32")[:] = np.array([1.0, 2.0], "float32")
+        finally:
+            store.close()
+        store = store_class(path, mode="r")
+        try:
+            store.get("selfcheck_layer/vars")
+            group = keras_private.h5_entry_group(store)
+            if group is None or isinstance(group, dict) or list(np.asarray(store["0"])) != [1.0, 2.0]:
+                raise ValueError(f"an H5IOStore entry written through its _h5_entry_group reads back {group!r}")
+        finally:
+            store.close()
 
 
 CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
@@ -256,7 +325,8 @@ CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
                                 "SeedGenerator, Initializer (compiling repeated blocks once)", check_layer_compile),
     KerasCheck("traceback_filter", "traceback_utils._EXCLUDED_PATHS (the paths Keras' filter hides)",
                check_traceback_filter),
-    KerasCheck("data_and_saving", "get_data_adapter, saving_lib's save and load functions and weight stores, "
-                                  "Variable.assign/numpy, RandomInitializer, rng_utils", check_data_and_saving),
+    KerasCheck("data_and_saving", "get_data_adapter, saving_lib's save and load functions and weight stores (an "
+                                  "H5IOStore entry's _h5_entry_group), Variable.assign/numpy, RandomInitializer, "
+                                  "rng_utils", check_data_and_saving),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a Keras where it fails)."""

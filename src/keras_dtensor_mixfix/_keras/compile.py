@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from . import ddp, keras_modules, layer_compile, promotion_mode
+from . import ddp, keras_modules, keras_private, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 from .patches import rebind_everywhere, replaced_for_the_call
@@ -31,7 +31,7 @@ def _cast_traceable(patches: PatchRecorder) -> None:
 
 def _compile_allowed_while_replaced(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
-    original_use = trainer_class._use_torch_compile
+    original_use = getattr(trainer_class, keras_private.TRAINER_USE_TORCH_COMPILE)
 
     @functools.wraps(original_use)
     def _use_torch_compile(self: Any) -> bool:
@@ -39,7 +39,7 @@ def _compile_allowed_while_replaced(patches: PatchRecorder) -> None:
             return not self.run_eagerly and bool(self.jit_compile)
         return original_use(self)
 
-    patches.set(trainer_class, "_use_torch_compile", _use_torch_compile)
+    patches.set(trainer_class, keras_private.TRAINER_USE_TORCH_COMPILE, _use_torch_compile)
 
 
 def _train_step_compiled_under_distribution(patches: PatchRecorder) -> None:
@@ -67,7 +67,7 @@ TRAIN_STEP = Override(
 
 COMPILE_ALLOWED = Override(
     name="compile allowed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
-    attributes=("_use_torch_compile",),
+    attributes=(keras_private.TRAINER_USE_TORCH_COMPILE,),
     description="jit_compile: each distinct repeated block compiled once, or the whole step (also under "
                 "ModelParallel while our promotion replaces Keras' mode)",
     apply=_compile_allowed_while_replaced, needed=keras_modules.native_promotion_mode)

@@ -18,7 +18,7 @@ import weakref
 from typing import Any, Callable, Dict, Tuple
 
 from . import compile as compile_step
-from . import keras_modules, layer_compile, promotion_mode
+from . import keras_modules, keras_private, layer_compile, promotion_mode
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -136,7 +136,7 @@ def _global_batches_accepted(patches: PatchRecorder) -> None:
     @functools.wraps(original)
     def get_data_adapter(x: Any, *args: Any, **kwargs: Any) -> Any:
         distribution = keras_modules.distribution()
-        if (distribution is not None and getattr(distribution, "_is_multi_process", False)
+        if (distribution is not None and keras_private.is_multi_process(distribution)
                 and getattr(distribution, "auto_shard_dataset", False) and not data_adapters.is_tf_dataset(x)):
             # Keras requires tf.data here; each process iterates the global batch instead and the
             # step keeps this process's slice (see _distribute_batch).

@@ -25,7 +25,7 @@ import logging
 import weakref
 from typing import Any
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -41,7 +41,7 @@ _completed: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 def _sharded_models_left_unwrapped(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
-    original = keras_modules.ddp_initializer()
+    original = keras_private.ddp_initializer()
 
     def _initialize_ddp(self: Any) -> Any:
         if getattr(self, "ddp_model", None) is None and holds_dtensor_parameters(self):
@@ -57,15 +57,15 @@ def _sharded_models_left_unwrapped(patches: PatchRecorder) -> None:
         _average_what_ddp_misses(self)
         return result
 
-    patches.set(trainer_class, "_initialize_ddp", _initialize_ddp)
+    patches.set(trainer_class, keras_private.TRAINER_INITIALIZE_DDP, _initialize_ddp)
 
 
 OVERRIDE = Override(
     name="DistributedDataParallel wrap", kind=Kind.TRAIN_STEP, owner="trainer_class()",
-    attributes=("_initialize_ddp",),
+    attributes=(keras_private.TRAINER_INITIALIZE_DDP,),
     description="trainer: models with sharded weights are not wrapped in DistributedDataParallel",
     apply=_sharded_models_left_unwrapped,
-    needed=lambda: keras_modules.ddp_initializer() is not None, undo=_warned.clear)
+    needed=lambda: keras_private.ddp_initializer() is not None, undo=_warned.clear)
 """On a Keras that wraps models in ``DistributedDataParallel`` (3.16)."""
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .._rules.errors import InvalidArgumentError
-from . import keras_modules
+from . import keras_modules, keras_private
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -97,7 +97,7 @@ def _own_variables(layer: Any, children: Sequence[Any]) -> List[Any]:
 
 def _walk(layer: Any, parents: Tuple[Any, ...] = ()) -> Iterator[Tuple[Any, Tuple[Any, ...], List[Any]]]:
     """Every layer under ``layer`` (itself first), with its ancestors and its direct children."""
-    children = keras_modules.sublayers(layer)
+    children = keras_private.sublayers(layer)
     yield layer, parents, children
     for child in children:
         yield from _walk(child, parents + (layer,))

@@ -38,7 +38,7 @@ import logging
 import re
 from typing import Any, Optional, Sequence, Set, Tuple
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .local_einsum import label_sizes, parse
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
@@ -152,7 +152,7 @@ def advise_layout_once(variable: Any, kernel: Any, wanted: Sequence[Any]) -> Non
 def _rule_of(path: str) -> Tuple[Optional[str], Optional[Tuple[Any, ...]]]:
     """The layout map key matching ``path`` as Keras matches it (exactly, else the one full regex match), and its
     axes; ``(None, None)`` without a layout map or a rule."""
-    layout_map = keras_modules.layout_map_of(keras_modules.distribution())
+    layout_map = keras_private.layout_map_of(keras_modules.distribution())
     if layout_map is None:
         return None, None
     keys = list(layout_map)

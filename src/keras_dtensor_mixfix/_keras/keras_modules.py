@@ -1,8 +1,9 @@
-"""The Keras boundary: the one module that names ``keras.src``, Keras' private package.
+"""The Keras boundary's modules: the one module that names ``keras.src``, Keras' private package.
 
-Every other module of the integration reaches Keras' internals through the functions and names
-here, so a Keras release that moves something is met in one file (``tests/unit`` fails when
-another module of the package names ``keras.src``). Every import happens inside a function:
+Every other module of the integration reaches Keras' private modules through the functions and names
+here, and the private attributes of Keras objects through :mod:`.keras_private`, so a Keras release that
+moves something is met in one of the two (``tests/unit/keras_integration`` fails when another module of the
+package names ``keras.src`` or a private attribute of a Keras object). Every import happens inside a function:
 importing the package, and ``import torch`` (which auto-activates it), never imports Keras.
 The imports are plain ``import`` statements wherever the name is the same in every release
 checked, so a compiled Keras step (TorchDynamo) that reaches one traces it as before; only names
@@ -57,12 +58,9 @@ name here                                   3.15.1 / 3.16
                                             ``is_memory_sufficient``), same in both
 :func:`rng_utils`                           ``keras.src.utils.rng_utils`` (``get_random_seed``,
                                             ``set_random_seed``), same in both
-:func:`layout_map_of`                       a ``ModelParallel``'s ``_layout_map``, same in both
 :func:`random_initializer_class`            ``keras.src.initializers.random_initializers.RandomInitializer``
                                             (its ``seed``: an int unless a ``SeedGenerator`` was given), same in
                                             both
-:func:`variable_storage`                    a torch ``Variable``'s ``_value`` (the ``nn.Parameter`` it holds),
-                                            same in both
 :data:`INSTALL_TRIGGERS`                    the modules above whose loading means Keras is being imported
 ==========================================  ==================================================================
 """
@@ -254,16 +252,6 @@ def layer_class() -> Any:
     return Layer
 
 
-def sublayers(layer: Any) -> List[Any]:
-    """A layer's direct sublayers, in the order it tracks them (``_flatten_layers``)."""
-    return list(layer._flatten_layers(include_self=False, recursive=False))
-
-
-def layer_tree(layer: Any) -> List[Any]:
-    """A layer and every layer inside it, in the order Keras tracks them (``_flatten_layers``)."""
-    return list(layer._flatten_layers(include_self=True, recursive=True))
-
-
 def uninitialized_variables() -> List[Any]:
     """The variables made in a ``StatelessScope(initialize_variables=False)`` that the next scope to close with
     ``initialize_variables=True`` initializes (Keras keeps them in a global list)."""
@@ -319,42 +307,10 @@ def traceback_utils() -> Any:
     return traceback_utils_module
 
 
-def traceback_excluded_paths() -> Any:
-    """The paths whose frames Keras' traceback filter hides (``traceback_utils._EXCLUDED_PATHS``, a tuple)."""
-    return traceback_utils()._EXCLUDED_PATHS
-
-
-def rms_normalization_function() -> Any:
-    """``ops.nn._rms_normalization(x, scale, axis, epsilon)``, which ``ops.rms_normalization`` calls on torch."""
-    return ops_nn()._rms_normalization
-
-
-def ddp_initializer() -> Any:
-    """The trainer's ``_initialize_ddp`` (3.16: wraps a model in ``DistributedDataParallel``), or None."""
-    return getattr(trainer_class(), "_initialize_ddp", None)
-
-
-def dtensor_promotion_mode(core_module: Any) -> Any:
-    """Keras 3.16's promotion mode on this thread's dispatch stack (``core_module._get_dtensor_promotion_mode()``,
-    ``core_module`` being :func:`core`), or None."""
-    return core_module._get_dtensor_promotion_mode()
-
-
 def rng_utils() -> Any:
     from keras.src.utils import rng_utils as rng_utils_module
 
     return rng_utils_module
-
-
-def variable_storage(variable: Any) -> Any:
-    """The tensor a torch-backend Keras ``Variable`` holds (its ``_value``: an ``nn.Parameter``, whose data is a
-    DTensor under a layout), or None before the variable is initialized."""
-    return getattr(variable, "_value", None)
-
-
-def set_variable_storage(variable: Any, tensor: Any) -> None:
-    """Make a torch-backend Keras ``Variable`` hold ``tensor`` (its ``_value``), as it holds the one it was made with."""
-    variable._value = tensor
 
 
 def initializer_class() -> Any:
@@ -369,11 +325,6 @@ def seed_generator_class() -> Any:
     from keras.src.random.seed_generator import SeedGenerator
 
     return SeedGenerator
-
-
-def layout_map_of(distribution: Any) -> Any:
-    """A ``ModelParallel``'s ``LayoutMap`` (kept as ``_layout_map``), or None."""
-    return getattr(distribution, "_layout_map", None)
 
 
 INITIALIZERS_PACKAGE = "keras.src.initializers."

@@ -34,7 +34,7 @@ import types
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .._rules import env
 from .._rules.errors import InvalidArgumentError
 
@@ -141,11 +141,11 @@ def repeated_groups(model: Any) -> List[List[Any]]:
 
 
 def _collect(layer: Any, found: List[List[Any]]) -> None:
-    children = keras_modules.sublayers(layer)
+    children = keras_private.sublayers(layer)
     grouped: set = set()
     for index, first in enumerate(children):
         # a block: a layer of layers with variables (a Dense alone costs more to enter compiled than it saves)
-        if id(first) in grouped or not first.built or not any(c.variables for c in keras_modules.sublayers(first)):
+        if id(first) in grouped or not first.built or not any(c.variables for c in keras_private.sublayers(first)):
             continue
         members = [first]
         for other in children[index + 1:]:
@@ -171,7 +171,7 @@ class _Tree:
     """A layer's sublayers (itself first) and variables, each by position."""
 
     def __init__(self, layer: Any) -> None:
-        self.layers = keras_modules.layer_tree(layer)
+        self.layers = keras_private.layer_tree(layer)
         self.variables = list(layer.variables)
         self.layer_index = {id(x): i for i, x in enumerate(self.layers)}
         self.variable_index = {id(v): i for i, v in enumerate(self.variables)}
@@ -203,7 +203,7 @@ _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _variable_signature(variable: Any) -> Tuple[Any, ...]:
-    storage = keras_modules.variable_storage(variable)
+    storage = keras_private.variable_storage(variable)
     placements = tuple(getattr(storage, "placements", ()))
     mesh = getattr(storage, "device_mesh", None)
     return (tuple(variable.shape), str(variable.dtype), bool(variable.trainable), placements, id(mesh))
@@ -346,20 +346,20 @@ def _real_tensors(args: tuple, kwargs: dict) -> bool:
 @contextlib.contextmanager
 def _holding(template_variables: Sequence[Any], member_variables: Sequence[Any]) -> Iterator[None]:
     """The template's variables holding the member's tensors (in place: assignments reach the member's)."""
-    saved = [keras_modules.variable_storage(v) for v in template_variables]
+    saved = [keras_private.variable_storage(v) for v in template_variables]
     for own, theirs in zip(template_variables, member_variables):
-        keras_modules.set_variable_storage(own, keras_modules.variable_storage(theirs))
+        keras_private.set_variable_storage(own, keras_private.variable_storage(theirs))
     try:
         yield
     finally:
         for own, tensor in zip(template_variables, saved):
-            keras_modules.set_variable_storage(own, tensor)
+            keras_private.set_variable_storage(own, tensor)
 
 
 def _python_state(layer: Any) -> Dict[Tuple[int, str], Any]:
     """Each sublayer's plain values and container lengths, to notice a call that changes them."""
     state: Dict[Tuple[int, str], Any] = {}
-    for index, sublayer in enumerate(keras_modules.layer_tree(layer)):
+    for index, sublayer in enumerate(keras_private.layer_tree(layer)):
         for key, value in vars(sublayer).items():
             if key in CHANGED_BY_A_CALL:
                 continue

@@ -74,10 +74,13 @@ def fit_placements(shape: Sequence[int], mesh: Any, placements: Sequence[Any], w
 
 
 def is_symbolic(tensor: torch.Tensor) -> bool:
-    """A fake or meta tensor (tracing, shape inference): it holds no values to lay out."""
+    """A meta tensor, or a fake or functional one of a trace (the torch boundary's ``is_traced``), not a DTensor:
+    it holds no values to lay out."""
     from torch.distributed.tensor import DTensor
 
-    return not isinstance(tensor, DTensor) and (tensor.is_meta or type(tensor).__name__ == "FakeTensor")
+    from .._torch.api import is_traced  # imports DTensor's internals: not at the package's import
+
+    return not isinstance(tensor, DTensor) and (tensor.is_meta or is_traced(tensor))
 
 
 def relayout(tensor: Any, layout: TorchLayout) -> Any:

@@ -19,21 +19,21 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence, Set
 
-from . import keras_modules
+from . import keras_private
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
 def _rms_normalization_on_whole_rows(patches: PatchRecorder) -> None:
-    original = keras_modules.rms_normalization_function()
+    original = keras_private.rms_normalization_function()
     rebind_everywhere(patches, original, _on_whole_rows(original))
 
 
 OVERRIDE = Override(
     name="rms_normalization", kind=Kind.OPS, family="normalization",
     owner="ops_nn() (and every Keras module importing it)",
-    attributes=("_rms_normalization",),
+    attributes=(keras_private.RMS_NORMALIZATION,),
     description="ops: rms_normalization of a DTensor split along the normalized axis runs on whole rows",
     apply=_rms_normalization_on_whole_rows)
 

@@ -19,7 +19,7 @@ import functools
 import logging
 from typing import Any, Callable, Optional
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -59,7 +59,7 @@ def uninstall() -> None:
     core = _core
     remove_state_listener(_on_patch_state)
     _core = _keras_activate = None
-    if core is not None and _keras_wants_mode() and keras_modules.dtensor_promotion_mode(core) is None:
+    if core is not None and _keras_wants_mode() and keras_private.dtensor_promotion_mode(core) is None:
         core.activate_dtensor_promotion()
 
 
@@ -92,7 +92,7 @@ def sync() -> None:
 
     if is_patched():
         _take_off(core)
-    elif keras_modules.dtensor_promotion_mode(core) is None:
+    elif keras_private.dtensor_promotion_mode(core) is None:
         keras_activate()
 
 
@@ -103,15 +103,15 @@ def replaced() -> bool:
         return False
     from .._lifecycle.patching import is_patched
 
-    return is_patched() and keras_modules.dtensor_promotion_mode(core) is None
+    return is_patched() and keras_private.dtensor_promotion_mode(core) is None
 
 
 def _take_off(core: Any) -> None:
-    if keras_modules.dtensor_promotion_mode(core) is None:
+    if keras_private.dtensor_promotion_mode(core) is None:
         return
     global _warned_stuck
     core.deactivate_dtensor_promotion()  # Keras' own: pops the mode only from the top of the stack
-    if keras_modules.dtensor_promotion_mode(core) is not None and not _warned_stuck:
+    if keras_private.dtensor_promotion_mode(core) is not None and not _warned_stuck:
         _warned_stuck = True
         log.warning("keras_dtensor_mixfix: Keras' DTensor promotion mode is under another dispatch mode in this "
                     "thread and stays on (Keras promotes there; jit_compile stays off)")

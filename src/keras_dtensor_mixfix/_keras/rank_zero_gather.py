@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from .._rules.errors import MixfixError
-from . import keras_modules
+from . import keras_modules, keras_private
 from .array_proxy import ArrayProxy
 
 GATHER, ENDED, FAILED = 1, 2, 3
@@ -65,7 +65,7 @@ def _stopped(code: int) -> RankZeroStopped:
 def as_stored(value: Any) -> Any:
     """The tensor a Keras store receives for ``value`` (a Variable's tensor; anything else as it is)."""
     if isinstance(value, keras_modules.base_variable_class()):
-        storage = keras_modules.variable_storage(value)
+        storage = keras_private.variable_storage(value)
         return value if storage is None else storage
     return value
 

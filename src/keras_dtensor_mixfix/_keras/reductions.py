@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -65,7 +65,7 @@ def _settling_partial_sums(patches: PatchRecorder) -> None:
 OVERRIDE = Override(
     name="partial sums settled", kind=Kind.KERAS_OBJECTS,
     owner="layer_class(); our distribution_lib; core().Variable (3.16)",
-    attributes=("__call__", "GRADIENTS_LIKE_PARAMETERS", "_initialize_distributed"),
+    attributes=("__call__", "GRADIENTS_LIKE_PARAMETERS", keras_private.VARIABLE_INITIALIZE_DISTRIBUTED),
     description="sharded steps: gradients take their parameters' layouts; layer outputs and their gradients are "
                 "never left partial sums",
     apply=_settling_partial_sums)
@@ -142,7 +142,7 @@ def _hook_native_parameters(patches: PatchRecorder) -> None:
     from . import distribution_lib as ours
 
     variable_class = keras_modules.core().Variable
-    original = variable_class._initialize_distributed
+    original = getattr(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED)
 
     @functools.wraps(original)
     def _initialize_distributed(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -151,4 +151,4 @@ def _hook_native_parameters(patches: PatchRecorder) -> None:
             ours.lay_out_gradient_like(parameter)
         return parameter
 
-    patches.set(variable_class, "_initialize_distributed", _initialize_distributed)
+    patches.set(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED, _initialize_distributed)

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from typing import Any, Callable, Iterator
 
-from . import keras_modules, rank_zero_gather, slice_loading
+from . import keras_modules, keras_private, rank_zero_gather, slice_loading
 from .._lifecycle.recorder import PatchRecorder
 from .memory import return_freed_memory
 from .overrides import Kind, Override
@@ -193,9 +193,7 @@ def _streaming_h5_store(store_class: type) -> type:
             store_class.__setitem__(self, key, value)
             return
         # Keras' own __setitem__, the dataset filled by pieces instead of from one whole array
-        if not self._h5_entry_initialized:
-            self._create_h5_group(self._h5_entry_path)
-        dataset = self._h5_entry_group.create_dataset(key, shape=pending.shape, dtype=pending.dtype)
+        dataset = keras_private.open_h5_entry_group(self).create_dataset(key, shape=pending.shape, dtype=pending.dtype)
         pending.stream_into(dataset.__setitem__)
 
     return type(store_class.__name__, (store_class,), {"__setitem__": __setitem__, "__module__": __name__,

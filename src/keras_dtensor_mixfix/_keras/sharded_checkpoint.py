@@ -14,7 +14,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List
 
 from .._rules.errors import InvalidArgumentError
-from . import keras_modules
+from . import keras_modules, keras_private
 from .memory import return_freed_memory
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -66,7 +66,7 @@ def _require_built(model: Any) -> None:
 
 
 def _tensor_of(key: str, variable: Any) -> Any:
-    tensor = keras_modules.variable_storage(variable)
+    tensor = keras_private.variable_storage(variable)
     if tensor is None:
         raise InvalidArgumentError(f"keras_dtensor_mixfix.checkpoint: variable {key!r} holds no value yet; build the "
                                    "model (call it once, or model.build(input_shape)) before saving or loading")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Tuple
 
 import numpy as np
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .array_proxy import ArrayProxy
 from .patches import replaced_for_the_call
 
@@ -76,7 +76,7 @@ def _slicing_store(store_class: type) -> type:
     def __getitem__(self: Any, key: Any) -> Any:
         import h5py
 
-        group = getattr(self, "_h5_entry_group", None)
+        group = keras_private.h5_entry_group(self)
         dataset = None
         if group is not None and not isinstance(group, dict):
             try:
@@ -97,7 +97,7 @@ def _assigning_slices(original_assign: Callable[..., Any]) -> Callable[..., Any]
     def assign(self: Any, value: Any) -> Any:
         if isinstance(value, StoredWeight):
             if _fill_local_piece(self, value):
-                return keras_modules.variable_storage(self)
+                return keras_private.variable_storage(self)
             value = np.asarray(value)
         return original_assign(self, value)
 
@@ -111,7 +111,7 @@ def _fill_local_piece(variable: Any, stored: StoredWeight) -> bool:
 
     from .._engine.construct import local_slice  # imports torch: not at the module's import
 
-    storage = keras_modules.variable_storage(variable)
+    storage = keras_private.variable_storage(variable)
     if not isinstance(storage, DTensor) or stored.shape != tuple(storage.shape):
         return False  # a plain variable, or a shape Keras' own assign reports
     piece = stored.read_slice(local_slice(stored.shape, storage.device_mesh, tuple(storage.placements)))

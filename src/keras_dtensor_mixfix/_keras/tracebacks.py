@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -21,13 +21,13 @@ INTEGRATION_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
 def _integration_frames_hidden(patches: PatchRecorder) -> None:
     traceback_utils = keras_modules.traceback_utils()
-    excluded = tuple(keras_modules.traceback_excluded_paths())
+    excluded = tuple(keras_private.traceback_excluded_paths())
     if INTEGRATION_DIRECTORY not in excluded:
-        patches.set(traceback_utils, "_EXCLUDED_PATHS", excluded + (INTEGRATION_DIRECTORY,))
+        patches.set(traceback_utils, keras_private.TRACEBACK_EXCLUDED_PATHS, excluded + (INTEGRATION_DIRECTORY,))
 
 
 OVERRIDE = Override(
     name="tracebacks", kind=Kind.KERAS_OBJECTS, owner="traceback_utils()",
-    attributes=("_EXCLUDED_PATHS",),
+    attributes=(keras_private.TRACEBACK_EXCLUDED_PATHS,),
     description="tracebacks: Keras' filter hides the integration's frames as it hides its own",
     apply=_integration_frames_hidden)

@@ -13,6 +13,10 @@ import logging
 from typing import Any
 
 from . import keras_modules
+from .keras_private import (VARIABLE_DIRECT_ASSIGN, VARIABLE_INITIALIZE, VARIABLE_INITIALIZE_WITH_INITIALIZER,
+                            convert_for_variable, set_variable_layout, set_variable_shape,
+                            set_variable_storage, validated_shape, variable_dtype, variable_layout, variable_shape,
+                            variable_storage)
 from .overrides import Kind, Override
 from .rank_zero_gather import RankZeroStopped
 from .._lifecycle.recorder import PatchRecorder
@@ -28,42 +32,46 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
     KerasVariable = keras_modules.base_variable_class()
     core = keras_modules.core()
     variable_class = core.Variable
-    original_initialize = variable_class._initialize
-    original_initialize_with_initializer = variable_class._initialize_with_initializer
-    original_assign = variable_class._direct_assign
+    original_initialize = getattr(variable_class, VARIABLE_INITIALIZE)
+    original_initialize_with_initializer = getattr(variable_class, VARIABLE_INITIALIZE_WITH_INITIALIZER)
+    original_assign = getattr(variable_class, VARIABLE_DIRECT_ASSIGN)
     original_repr = KerasVariable.__repr__
     original_init = variable_class.__init__
 
     def __init__(self: Any, *args: Any, layout: Any = None, **kwargs: Any) -> None:
-        self._layout = layout  # read by _initialize, which the common __init__ calls
+        set_variable_layout(self, layout)  # read by _initialize, which the common __init__ calls
         original_init(self, *args, **kwargs)
 
     def _resolve_layout(self: Any, shape: Any) -> None:
-        if getattr(self, "_layout", None) is None:  # a subclass may skip __init__'s (copies, deserialization)
+        if variable_layout(self, None) is None:  # a subclass may skip __init__'s (copies, deserialization)
             distribution = global_state.get_global_attribute("distribution")
             if distribution is not None:
-                if getattr(self, "_shape", None) is None:  # array initializers arrive before the shape is set
-                    self._shape = self._validate_shape(shape)
-                self._layout = distribution.get_variable_layout(self)
+                if variable_shape(self, None) is None:  # array initializers arrive before the shape is set
+                    set_variable_shape(self, validated_shape(self, shape))
+                set_variable_layout(self, distribution.get_variable_layout(self))
 
     def _initialize_with_initializer(self: Any, initializer: Any) -> None:
         fill = _constant_fill(initializer)
         if fill is not None:
-            _resolve_layout(self, self._shape)
-            if getattr(self, "_layout", None) is not None:
+            _resolve_layout(self, variable_shape(self))
+            layout = variable_layout(self, None)
+            if layout is not None:
                 # zeros, ones, a constant (biases, an optimizer's slots): each rank fills its own piece, no collective
-                self._value = keras_modules.lib().distribute_constant_variable(
-                    self._shape, fill, core.to_torch_dtype(self._dtype), self._layout, trainable=self.trainable)
+                set_variable_storage(self, keras_modules.lib().distribute_constant_variable(
+                    variable_shape(self), fill, core.to_torch_dtype(variable_dtype(self)), layout,
+                    trainable=self.trainable))
                 return
         elif _pure_random(initializer):
-            _resolve_layout(self, self._shape)
+            shape = variable_shape(self)
+            _resolve_layout(self, shape)
             lib = keras_modules.lib()
-            if getattr(self, "_layout", None) is not None and lib.shards_across_processes(self._shape, self._layout):
+            layout = variable_layout(self, None)
+            if layout is not None and lib.shards_across_processes(shape, layout):
                 # a function of (seed, shape, dtype) alone: rank 0 draws it, the others only receive their pieces
                 whole, failure = None, None
                 if lib.process_id() == 0:
                     try:
-                        whole = self._convert_to_tensor(initializer(self._shape, dtype=self._dtype))
+                        whole = convert_for_variable(self, initializer(shape, dtype=variable_dtype(self)))
                     except Exception as error:  # noqa: BLE001  # said to the other ranks, then raised here
                         failure = error
                 if not lib.rank_zero_succeeded(failure is None):
@@ -71,14 +79,15 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
                         raise failure
                     raise RankZeroStopped(f"keras_dtensor_mixfix: rank 0 raised while drawing the initial value of "
                                          f"{self.path} (its traceback says why); this rank stopped with it")
-                self._value = lib.distribute_variable_from_rank_zero(
-                    whole, self._shape, core.to_torch_dtype(self._dtype), self._layout, trainable=self.trainable)
+                set_variable_storage(self, lib.distribute_variable_from_rank_zero(
+                    whole, shape, core.to_torch_dtype(variable_dtype(self)), layout, trainable=self.trainable))
                 return
         original_initialize_with_initializer(self, initializer)
 
     def _initialize(self: Any, value: Any) -> None:
         _resolve_layout(self, value.shape)
-        if self._layout is None:
+        layout = variable_layout(self)
+        if layout is None:
             return original_initialize(self, value)
         if isinstance(value, torch.nn.Parameter) and not isinstance(value, DTensor):
             # A parameter shared with a torch module (TorchModuleWrapper): distributing a copy would
@@ -87,23 +96,23 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
                         self.path)
             return original_initialize(self, value)
         if isinstance(value, DTensor) and isinstance(value, torch.nn.Parameter):
-            self._value = value
+            set_variable_storage(self, value)
             return
-        tensor = core.convert_to_tensor(value, dtype=self._dtype)
-        self._value = keras_modules.lib().distribute_variable(tensor, self._layout, trainable=self.trainable)
+        tensor = core.convert_to_tensor(value, dtype=variable_dtype(self))
+        set_variable_storage(self, keras_modules.lib().distribute_variable(tensor, layout, trainable=self.trainable))
 
     def _direct_assign(self: Any, value: Any) -> None:
-        current = self._value
+        current = variable_storage(self)
         if not isinstance(current, DTensor):
             return original_assign(self, value)
         with torch.no_grad():
             if not isinstance(value, DTensor):
-                value = core.convert_to_tensor(value, dtype=self._dtype)
+                value = core.convert_to_tensor(value, dtype=variable_dtype(self))
             # in place: the optimizer and the layer's ParameterDict hold this very object
             current.copy_(keras_modules.lib().distribute_tensor(value, (current.device_mesh, current.placements)))
 
     def __repr__(self: Any) -> str:
-        value = getattr(self, "_value", None)
+        value = variable_storage(self)
         if isinstance(value, DTensor):  # gathering here would hang when one rank prints alone
             return (f"<Variable path={self.path}, shape={self.shape}, dtype={self.dtype}, "
                     f"placements={tuple(value.placements)} (values not gathered)>")
@@ -111,16 +120,17 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
 
     if not keras_modules.variables_take_layouts():
         patches.set(variable_class, "__init__", functools.wraps(original_init)(__init__))
-    patches.set(variable_class, "_initialize", _initialize)
-    patches.set(variable_class, "_initialize_with_initializer", _initialize_with_initializer)
-    patches.set(variable_class, "_direct_assign", _direct_assign)
+    patches.set(variable_class, VARIABLE_INITIALIZE, _initialize)
+    patches.set(variable_class, VARIABLE_INITIALIZE_WITH_INITIALIZER, _initialize_with_initializer)
+    patches.set(variable_class, VARIABLE_DIRECT_ASSIGN, _direct_assign)
     patches.set(KerasVariable, "__repr__", __repr__)
 
 
 
 OVERRIDE = Override(
     name="variables", kind=Kind.KERAS_OBJECTS, owner="core().Variable; base_variable_class() for __repr__",
-    attributes=("__init__", "_initialize", "_initialize_with_initializer", "_direct_assign", "__repr__"),
+    attributes=("__init__", VARIABLE_INITIALIZE, VARIABLE_INITIALIZE_WITH_INITIALIZER, VARIABLE_DIRECT_ASSIGN,
+                "__repr__"),
     description="variables: layouts become DTensor parameters", apply=_layout_aware_variables,
     needed=lambda: not keras_modules.native_layout_variables(),
     kept="variables: Keras' own layout-aware variables kept")

@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any, Optional, Set, Tuple
 
-from . import keras_modules
+from . import keras_modules, keras_private
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -51,7 +51,7 @@ def _warn_if_left_whole(distribution: Any, variable: Any, layout: Any) -> None:
         return
     if layout is None or any(axis is not None for axis in getattr(layout, "axes", (None,))):
         return
-    layout_map = keras_modules.layout_map_of(distribution)
+    layout_map = keras_private.layout_map_of(distribution)
     if layout_map is not None and layout_map[variable.path] is not None:
         return  # the map says so: whole by choice
     suggestion = _sharding_rule(distribution, shape)
