@@ -5,7 +5,7 @@ they come after, the Keras releases that need them, a report line); ``keras_inte
 in one loop through one patch recorder (``_lifecycle.recorder.PatchRecorder``), so that ``uninstall()`` restores
 Keras exactly.
 
-- :mod:`.overrides`: the declaration, its order, and the recorder that notes which override replaced what;
+- :mod:`.overrides`: the declaration and its order (``keras_integration.install()`` applies them through one recorder);
 - :mod:`.keras_modules`: the Keras boundary, the one module that names Keras' private package: where the
   installed Keras keeps what we patch, what it already does itself, and the Keras releases checked;
 - :mod:`.keras_private`: the other half of the boundary, the one module that touches private attributes of Keras

@@ -5,7 +5,8 @@ for an op override its op family), the attributes it replaces, what it must come
 needs it, and the line ``keras_integration.report()`` shows for it. ``keras_integration.install()`` decides which
 overrides this Keras needs (on Keras as it is, before any is applied), puts them in an order that respects
 ``after`` (:func:`in_order`) and applies each through one ``PatchRecorder``, so that ``uninstall()``
-restores every replaced attribute exactly (and notes which override each of the recorder's records belongs to).
+restores every replaced attribute exactly; install() also counts each override's records, so the restore test
+can name the override behind each one.
 """
 
 from __future__ import annotations
