@@ -13,7 +13,7 @@ after one step). The Keras integration averages such variables' gradients over D
 3.12.4, 3.15.1 and keras-nightly 3.16.0.dev2026102704 on torch 2.13.0 and 2.15.0.
 
 Run: ``KERAS_BACKEND=torch python repros/keras_duplicate_path_not_a_torch_parameter.py`` (exits 1 while the
-limitation is there); ``tests/keras/test_keras_repros.py`` runs it as an expected failure.
+limitation is there); ``tests/keras_integration/test_keras_repros.py`` runs it as an expected failure.
 """
 
 import os

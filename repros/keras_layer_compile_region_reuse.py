@@ -13,7 +13,7 @@ Why it matters here: a compiled keras_hub step (``jit_compile=True``) traces and
 anew; the first compiled step of a 4-layer model takes minutes on CPU (BENCHMARKS.md, issue 31's P12).
 
 Run: ``KERAS_BACKEND=torch python repros/keras_layer_compile_region_reuse.py`` (exits 1 while the limitation is
-there); ``tests/keras/test_keras_repros.py`` runs it as an expected failure.
+there); ``tests/keras_integration/test_keras_repros.py`` runs it as an expected failure.
 """
 
 import os

@@ -9,10 +9,10 @@ tensors, one process, no keras_dtensor_mixfix: Keras and torch alone (seen with 
 
 The Keras integration's compiled sharded ops (lookups, attention, argmax, one_hot, the kernel re-split) are
 proven in one graph on Keras 3.15 and 3.16; on 3.12 to 3.14, ``jit_compile=True`` still compiles the step,
-with graph breaks between Keras' ops (``tests/keras/test_keras.py::test_jit_compile`` runs there).
+with graph breaks between Keras' ops (``tests/keras_integration/test_keras.py::test_jit_compile`` runs there).
 
 Run: ``KERAS_BACKEND=torch python repros/keras_ops_fullgraph.py`` (exits 1 while the limitation is there);
-``tests/keras/test_keras_repros.py`` runs it, as an expected failure on Keras 3.12 to 3.14.
+``tests/keras_integration/test_keras_repros.py`` runs it, as an expected failure on Keras 3.12 to 3.14.
 """
 
 import os

@@ -16,17 +16,21 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 FOLDER_MARKERS = {
     "unit": ("unit",),
-    "keras": ("keras", "models"),
+    "keras": ("keras_integration", "models"),
     "models": ("models",),
-    "transformers": ("transformers",),
+    "transformers": ("transformers_tp",),
 }
 """Each marker and the folders (under tests/) whose tests carry it; a test outside ``unit/`` is also ``ranks``.
 
 The layout mirrors the package's layers (docs/architecture.md): ``unit/<layer>/`` runs in one process without a
-process group; beside it, the multi-rank scenarios of each layer (``engine/``, ``lifecycle/``, ``keras/``), the
+process group; beside it, the multi-rank scenarios of each layer (``engine/``, ``lifecycle/``,
+``keras_integration/``), the
 differential corpus (``differential/``), real models (``models/``: keras_hub and JAX references, CI runs them in
-their own environment), ``transformers/``, the public surfaces (``surfaces/``), reported failure patterns and
-torch repros (``patterns/``) and the project's own files (``project/``: README, links, pyproject)."""
+their own environment), ``transformers_tp/``, the public surfaces (``surfaces/``), reported failure patterns and
+torch repros (``patterns/``) and the project's own files (``project/``: README, links, pyproject). tests/ is on
+``sys.path`` (the shared helpers live there), so a folder must not be named like a package a test imports: a
+``transformers/`` folder would be imported as ``transformers`` where it is not installed
+(``tests/project/test_project_config.py`` checks)."""
 
 
 def _in_folder(path: str, folder: str) -> bool:
@@ -45,11 +49,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
     config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/models/); they skip without "
                                        "keras_hub or jax")
-    config.addinivalue_line("markers", "keras: the Keras integration's multi-rank tests (tests/keras/, tests/models/); CI runs "
+    config.addinivalue_line("markers", "keras: the Keras integration's multi-rank tests (tests/keras_integration/, tests/models/); CI runs "
                                        "them on the newest torch and on 2.13.0, not on the oldest (its unit tests "
                                        "run everywhere)")
     config.addinivalue_line("markers", "transformers: transformers' own tensor parallelism on tiny random checkpoints "
-                                       "(tests/transformers/, the docs/transformers.md program); they skip "
+                                       "(tests/transformers_tp/, the docs/transformers.md program); they skip "
                                        "without transformers (the `transformers` extra)")
     config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
     config.addinivalue_line("markers", "slow: minutes per test (compiled keras_hub models); skipped unless "

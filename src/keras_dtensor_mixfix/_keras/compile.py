@@ -9,7 +9,7 @@ dispatch mode, it applies where our promotion replaced that mode (:mod:`.promoti
 
 The backend was ``aot_eager`` before, after a report of inductor giving wrong numbers for
 model-sharded steps on CPU; it never reproduced (sharded steps compiled by inductor equal one process
-on (1, 2) and (2, 2) meshes, torch 2.13 and 2.15: ``tests/keras/test_keras.py::test_jit_compile``), and
+on (1, 2) and (2, 2) meshes, torch 2.13 and 2.15: ``tests/keras_integration/test_keras.py::test_jit_compile``), and
 ``aot_eager`` gave no speed. keras_hub models do not compile usefully yet (README).
 """
 

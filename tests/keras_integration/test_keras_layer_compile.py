@@ -252,7 +252,7 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
         # one block graph for training, one for evaluate and predict (no gradient): not one per block
         assert per_layer[0]["graphs"] == 2, per_layer[0]["graphs"]
     assert per_layer[0]["replaced_calls"] == BLOCKS and per_layer[0]["replaced_calls_after_uninstall"] == 0
-    if world_size == 2:  # (tests/keras/test_keras.py compiles whole steps on (2, 2))
+    if world_size == 2:  # (tests/keras_integration/test_keras.py compiles whole steps on (2, 2))
         whole_step = run_on_ranks(compiled_run, mesh_shape, "step", world_size=world_size, timeout=600)
         _assert_equal(whole_step[0], reference)
         assert whole_step[0]["graphs"] >= 3, whole_step[0]["graphs"]  # train, test and predict steps

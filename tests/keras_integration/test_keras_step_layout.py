@@ -5,7 +5,7 @@ Each einsum the integration runs on local pieces is checked on real gloo ranks a
 einsum on plain tensors in one process: the value, and the gradient of every operand (a sharded,
 a whole and a partial-sum operand each), on 2 ranks and on a 2×2 mesh of 4 ranks. The Keras
 model-level effects are checked on a 2-rank ModelParallel MLP; its trained weights equal one
-process (as every test in tests/keras/test_keras.py checks for its models).
+process (as every test in tests/keras_integration/test_keras.py checks for its models).
 """
 
 from __future__ import annotations
