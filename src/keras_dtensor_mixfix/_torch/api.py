@@ -11,7 +11,7 @@ them is missing makes the caller fall back to doing nothing (torch's own path), 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Tuple
 
 import torch
 
@@ -157,9 +157,15 @@ def _rule_holder(qualname: str) -> Any:
     """The holder of ``torch_dispatch`` rules for one op overload (``torch._library.simple_registry``): it keeps ONE
     rule per (op, class), raises on a second registration, and is the same object for a name every time it is asked
     (it exists before the op does)."""
-    from torch._library import simple_registry
+    registry = _rule_registry[0]
+    if registry is None:  # imported once: patch() asks for ~2200 holders, several times each
+        from torch._library import simple_registry
 
-    return simple_registry.singleton.find(qualname).torch_dispatch_rules
+        registry = _rule_registry[0] = simple_registry.singleton
+    return registry.find(qualname).torch_dispatch_rules
+
+
+_rule_registry: List[Any] = [None]
 
 
 def dispatch_rule_for(qualname: str, cls: type) -> Optional[Callable[..., Any]]:
