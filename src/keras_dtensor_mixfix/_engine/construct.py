@@ -15,7 +15,6 @@ from torch.distributed.tensor.placement_types import Placement, Replicate
 
 from .._torch.api import DTensorSpec, dtensor_fast_constructor, is_traced, redistribute_local_tensor
 from .specs import contiguous_stride, local_slice, make_spec
-from .specs import region  # noqa: F401 - read from here by the Keras layer (_keras/)
 
 Rebuilt = Tuple[Tuple[Any, ...], Dict[str, Any]]
 

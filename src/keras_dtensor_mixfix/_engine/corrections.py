@@ -37,7 +37,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from .construct import contiguous_stride, wrap
+from .construct import wrap
+from .specs import contiguous_stride
 
 _MEAN = 1  # torch's Reduction enum: 0 none, 1 mean, 2 sum
 _SUM = 2

@@ -106,6 +106,3 @@ def admission(info: OpState, func: Any) -> Optional[FastOptions]:
         return admit(info, func)
     return known.flags
 
-
-fast_flags = admission
-"""The former name of ``admission``."""

@@ -218,7 +218,7 @@ def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tup
                                        layout: Any, trainable: bool = True) -> torch.nn.Parameter:
     """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):
     rank 0 sends each rank its piece, and no other rank ever holds the whole."""
-    from .._engine.construct import region
+    from .._engine.specs import region
     from .._torch.api import compute_local_shape_and_global_offset
 
     mesh, placements = _resolve(layout)

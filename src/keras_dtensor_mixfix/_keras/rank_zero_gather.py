@@ -216,7 +216,7 @@ def _pieces(value: Any, write: Optional[Callable[[Tuple[slice, ...], Any], None]
     import torch.distributed as dist
     from torch.distributed.tensor import Replicate, Shard
 
-    from .._engine.construct import region  # imports torch: not at the module's import
+    from .._engine.specs import region  # imports torch: not at the module's import
     from .._torch.api import compute_local_shape_and_global_offset
 
     value = value.detach()

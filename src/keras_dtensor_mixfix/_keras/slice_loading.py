@@ -109,7 +109,7 @@ def _fill_local_piece(variable: Any, stored: StoredWeight) -> bool:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from .._engine.construct import local_slice  # imports torch: not at the module's import
+    from .._engine.specs import local_slice  # imports torch: not at the module's import
 
     storage = keras_private.variable_storage(variable)
     if not isinstance(storage, DTensor) or stored.shape != tuple(storage.shape):

@@ -16,8 +16,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from keras_dtensor_mixfix._engine.caches import CACHES, CACHE_LIMIT, NO_OPTIONS_SEEN, FastOptions, remember
-from keras_dtensor_mixfix._engine.construct import (contiguous_stride, local_dtensor, local_piece, local_slice,
-                                                    make_spec, rebuild, whole_dtensor, wrap)
+from keras_dtensor_mixfix._engine.construct import local_dtensor, local_piece, rebuild, whole_dtensor, wrap
+from keras_dtensor_mixfix._engine.specs import contiguous_stride, local_slice, make_spec
 from keras_dtensor_mixfix._engine.placements import cached_whole_layout, whole_layout
 from keras_dtensor_mixfix._rules.decisions import Operand
 from keras_dtensor_mixfix._rules.ops import op_traits
