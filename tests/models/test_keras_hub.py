@@ -158,7 +158,11 @@ MODELS.update({
 DERIVED_SHAPES = ((1, 2), (2, 2)) + tuple(shape for mode, shape in LAYOUTS[4:])  # and MIXFIX_TEST_MESHES'
 DERIVED_MODELS = (sorted(MODELS) if "MIXFIX_TEST_DERIVED_MODELS" not in os.environ
                   else [name for name in os.environ["MIXFIX_TEST_DERIVED_MODELS"].split(",") if name in MODELS])
-CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES]
+# MIXFIX_TEST_DERIVED_2D_MODELS narrows the 2-D meshes' cases to some of those (CI's keras_hub environment: models
+# that cover the derivation's rule kinds; unset, the same models as on (1, 2))
+_DERIVED_2D = os.environ.get("MIXFIX_TEST_DERIVED_2D_MODELS")
+CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES
+          if shape[0] == 1 or _DERIVED_2D is None or name in _DERIVED_2D.split(",")]
 # The same with jit_compile=True ("compiled" cases: each distinct decoder block compiled once, the rest eager, or the
 # whole step where a model has no repeated block), against the same eager one process: a subset by default (a compiled
 # case costs 10 to 90 s of TorchDynamo and inductor on 2 cores); MIXFIX_TEST_COMPILED_MODELS=all runs every model
@@ -482,10 +486,11 @@ def _case_param(name, mode, shape):
 def test_causal_lm_equals_single_process(name, mode, shape, request):
     per_rank = [results[(name, mode, shape)] for results in _distributed(int(np.prod(shape)),
                                                                          _selected_cases(request))]
-    for rank, out in enumerate(per_rank):
-        if isinstance(out, str) and out.startswith(NOT_RUN):
-            pytest.fail(f"rank {rank}: {out}")  # not an AssertionError: a strict xfail does not take it as torch's failure
-        assert isinstance(out, dict), f"rank {rank} raised:\n{out}"
+    failed = {rank: out for rank, out in enumerate(per_rank) if not isinstance(out, dict)}
+    if failed and all(out.startswith(NOT_RUN) for out in failed.values()):
+        pytest.fail(failed[min(failed)])  # not an AssertionError: a strict xfail does not take it as torch's failure
+    # every rank's traceback: the rank that raised first is not always rank 0 (the others then time out waiting)
+    assert not failed, "\n".join(f"rank {rank} raised:\n{out}" for rank, out in failed.items())
     out = per_rank[0]
     placements = out["placements"]
     if mode == "compiled" and name in COMPILED_AS_ONE:
