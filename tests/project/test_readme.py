@@ -87,6 +87,8 @@ SKIPPED = {
     # machines
     'KERAS_BACKEND=torch MIXFIX_TEST_MESHES=2x4,4x2 python -m pytest tests/models/test_keras_hub.py -k "(2x4 or 4x2) and not '
     'qwen3_5"',
+    # four keras_hub models compiled on (1, 2) and (2, 2) (CI compiles two on (1, 2))
+    "KERAS_BACKEND=torch python -m pytest tests/models/test_keras_hub.py -k compiled",
     # every keras_hub model compiled (1203 s on 2 cores)
     'KERAS_BACKEND=torch MIXFIX_TEST_COMPILED_MODELS=all python -m pytest tests/models/test_keras_hub.py -k "compiled and 1x2"',
     "# on the first machine (its address: MASTER), then the same with --node-rank 1 on the second",
