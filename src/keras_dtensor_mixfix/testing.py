@@ -43,7 +43,7 @@ LOOPBACK = "127.0.0.1"
 # How long a rank waits in a collective for the others before gloo raises. Generous because ranks that compile
 # (TorchDynamo, inductor's C++ kernels) share few cores and reach their next collective minutes apart on a loaded
 # machine; a failing rank still ends the call at once (RankError), and run_on_ranks' own timeout bounds the rest.
-COLLECTIVE_TIMEOUT_S = 300
+_COLLECTIVE_TIMEOUT_S = 300
 
 
 class RankError(MixfixError, RuntimeError):
@@ -126,7 +126,7 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
     torch.set_num_threads(1)  # several ranks share two cores
     dist.init_process_group(
         "gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank, world_size=size,
-        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        timeout=datetime.timedelta(seconds=_COLLECTIVE_TIMEOUT_S),
     )
     results.put(("ready", rank, True, None))
     while True:
