@@ -42,7 +42,7 @@ __all__ = ["RankError", "WorkerStartError", "run_on_ranks", "mesh", "rank", "wor
 LOOPBACK = "127.0.0.1"
 # How long a rank waits in a collective for the others before gloo raises. Generous because ranks that compile
 # (TorchDynamo, inductor's C++ kernels) share few cores and reach their next collective minutes apart on a loaded
-# machine; a failing rank still ends the call at once (RankError), and run_on_ranks' own timeout bounds the rest.
+# machine. It also bounds how long the others wait for a rank that raised before they raise too (RankError).
 _COLLECTIVE_TIMEOUT_S = 300
 
 

@@ -21,8 +21,8 @@ Every keras_hub 0.32 CausalLM with a text backbone (24 models, those six among t
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
 each case is checked by its own test. ``MIXFIX_TEST_MESHES="2x4,4x2"`` adds
 ModelParallel meshes (8 ranks: slow, documented in docs/keras.md, not in CI). ``MIXFIX_TEST_MAP_MODELS``,
-``MIXFIX_TEST_COMPILED_MODELS`` and ``MIXFIX_TEST_COMPILED_MESHES`` narrow the other families (CI's choices:
-CONTRIBUTING.md).
+``MIXFIX_TEST_DERIVED_2D_MODELS``, ``MIXFIX_TEST_COMPILED_MODELS`` and ``MIXFIX_TEST_COMPILED_MESHES`` narrow the
+other families (CI's choices: CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -58,21 +58,29 @@ MODELS = {
                   dict(TINY, moe_intermediate_dim=8, num_experts=4, top_k=2, head_dim=4)),
 }
 
+def _asked(variable, name, default="all"):
+    """Whether the comma-separated model names of an environment variable take ``name`` ("all": every model)."""
+    names = os.environ.get(variable, default).split(",")
+    return "all" in names or name in names
+
+
+def _meshes(variable, default=""):
+    """The mesh shapes an environment variable names ("1x2,2x4")."""
+    return [tuple(int(n) for n in shape.split("x")) for shape in os.environ.get(variable, default).split(",") if shape]
+
+
 def _layouts():
     """(mode, mesh shape) pairs; the world size is the product of the shape. DataParallel's "shape"
     is just its rank count."""
     layouts = [("model_parallel", (1, 2)), ("model_parallel", (2, 2)), ("data_parallel", (2,)),
                ("data_parallel", (4,))]
-    extra = os.environ.get("MIXFIX_TEST_MESHES", "")
-    layouts += [("model_parallel", tuple(int(n) for n in shape.split("x"))) for shape in extra.split(",") if shape]
-    return layouts
+    return layouts + [("model_parallel", shape) for shape in _meshes("MIXFIX_TEST_MESHES")]
 
 
 LAYOUTS = _layouts()
 # keras_hub's own maps: MIXFIX_TEST_MAP_MODELS names some of the six ("all", or unset: every one; CI's Keras 3.16
 # environment runs a dense model and a mixture of experts, its keras_hub environment all six)
-_MAP_ASKED = os.environ.get("MIXFIX_TEST_MAP_MODELS", "all").split(",")
-CASES = [(name, mode, shape) for name in sorted(MODELS) if name in _MAP_ASKED or "all" in _MAP_ASKED
+CASES = [(name, mode, shape) for name in sorted(MODELS) if _asked("MIXFIX_TEST_MAP_MODELS", name)
          for mode, shape in LAYOUTS]
 # Llama3 under keras_hub's map with the tensor-parallel rules docs/keras.md gives for speed ("Speed"): the
 # query/key/value kernels split by heads and the untied output projection by vocabulary (vocabulary-split logits:
@@ -160,24 +168,20 @@ DERIVED_MODELS = (sorted(MODELS) if "MIXFIX_TEST_DERIVED_MODELS" not in os.envir
                   else [name for name in os.environ["MIXFIX_TEST_DERIVED_MODELS"].split(",") if name in MODELS])
 # MIXFIX_TEST_DERIVED_2D_MODELS narrows the 2-D meshes' cases to some of those (CI's keras_hub environment: models
 # that cover the derivation's rule kinds; unset, the same models as on (1, 2))
-_DERIVED_2D = os.environ.get("MIXFIX_TEST_DERIVED_2D_MODELS")
 CASES += [(name, "derived", shape) for name in DERIVED_MODELS for shape in DERIVED_SHAPES
-          if shape[0] == 1 or _DERIVED_2D is None or name in _DERIVED_2D.split(",")]
+          if shape[0] == 1 or _asked("MIXFIX_TEST_DERIVED_2D_MODELS", name)]
 # The same with jit_compile=True ("compiled" cases: each distinct decoder block compiled once, the rest eager, or the
 # whole step where a model has no repeated block), against the same eager one process: a subset by default (a compiled
 # case costs 10 to 90 s of TorchDynamo and inductor on 2 cores); MIXFIX_TEST_COMPILED_MODELS=all runs every model
 # (docs/keras.md), on (1, 2) and (2, 2); MIXFIX_TEST_COMPILED_MESHES names the meshes (CI: "1x2", since a cold
 # compile on 4 ranks sharing 2 cores costs minutes per model)
-_COMPILED_ASKED = os.environ.get("MIXFIX_TEST_COMPILED_MODELS", "gemma,llama3,mixtral,qwen3_moe").split(",")
-COMPILED_MODELS = [name for name in sorted(MODELS) if name in _COMPILED_ASKED or "all" in _COMPILED_ASKED]
-COMPILED_SHAPES = [tuple(int(n) for n in shape.split("x"))
-                   for shape in os.environ.get("MIXFIX_TEST_COMPILED_MESHES", "1x2,2x2").split(",") if shape]
-CASES += [(name, "compiled", shape) for name in COMPILED_MODELS for shape in COMPILED_SHAPES]
+CASES += [(name, "compiled", shape) for name in sorted(MODELS)
+          if _asked("MIXFIX_TEST_COMPILED_MODELS", name, "gemma,llama3,mixtral,qwen3_moe")
+          for shape in _meshes("MIXFIX_TEST_COMPILED_MESHES", "1x2,2x2")]
 # DataParallel on 2 ranks for the models beyond keras_hub's six (which run it on 4 as well, above): the environment
 # variable names a subset ("all", or unset: every one)
-_DATA_PARALLEL_ASKED = os.environ.get("MIXFIX_TEST_DATA_PARALLEL_MODELS", "all").split(",")
 CASES += [(name, "data_parallel", (2,)) for name in sorted(MODELS)
-          if (name in _DATA_PARALLEL_ASKED or "all" in _DATA_PARALLEL_ASKED)
+          if _asked("MIXFIX_TEST_DATA_PARALLEL_MODELS", name)
           and (name, "data_parallel", (2,)) not in CASES]
 # the attention kernels' layer names, where they are not keras_hub's usual query, key, value, attention_output
 ATTENTION_PARTS = {"smollm3": ("q_proj", "k_proj", "v_proj", "o_proj")}
