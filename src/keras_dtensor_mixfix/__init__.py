@@ -28,6 +28,7 @@ _EXPORTS = {
     "ReplicationCheckError": "._rules.errors",
     "ReplicationCheckWarning": "._rules.errors",
     "UnsupportedTorchError": "._rules.errors",
+    "DeviceAssignmentError": "._rules.errors",
     "UnsupportedKerasError": "._rules.errors",
     "InvalidArgumentError": "._rules.errors",
     "UnknownOperatorError": "._rules.errors",

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .._rules.errors import InvalidArgumentError
-from . import keras_modules
+from . import cuda_devices, keras_modules
 from .rank_zero_gather import from_rank_zero
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
 from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic,  # noqa: F401
@@ -61,17 +61,25 @@ def process_id() -> int:
 
 def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int] = None,
                process_id: Optional[int] = None) -> None:
-    """Start the process group (torchrun's ``env://`` unless addresses are given) and agree on a seed."""
+    """Start the process group (torchrun's ``env://`` unless addresses are given) and agree on a seed.
+
+    With CUDA, each rank's current device is set from ``LOCAL_RANK`` *before* the group is built (also when it
+    already exists, and when CUDA was touched before: :func:`.cuda_devices.select_device`), the group built is
+    ``cpu:gloo,cuda:nccl`` (torch's own default: NCCL for CUDA tensors, gloo for the CPU tensors the integration
+    exchanges), and two ranks of one host on one GPU raise :class:`~keras_dtensor_mixfix.DeviceAssignmentError`
+    (:func:`.cuda_devices.check_one_rank_per_device`, once) instead of NCCL's error at a later collective.
+    """
+    cuda = torch.cuda.is_available()
+    cuda_devices.select_device()
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         if job_addresses:
             coordinator = job_addresses.split(",")[0].strip()
             dist.init_process_group(backend, init_method=f"tcp://{coordinator}", world_size=num_processes,
                                     rank=process_id)
         else:
             dist.init_process_group(backend)
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    cuda_devices.check_one_rank_per_device()
     _agree_on_seed()
 
 
@@ -134,6 +142,11 @@ def _to_backend_mesh(device_mesh: Any) -> Any:
     key = (kind, tuple(ranks), tuple(devices.shape), tuple(device_mesh.axis_names))
     found = _MESHES.get(key)
     if found is None:
+        if kind in ("gpu", "cuda"):
+            # The current device before the mesh (its NCCL communicators and every tensor moved to
+            # mesh.device_type use it), whoever built the process group; then one rank per GPU.
+            cuda_devices.select_device()
+            cuda_devices.check_one_rank_per_device()
         found = DeviceMesh("cuda" if kind in ("gpu", "cuda") else kind,
                            torch.tensor(ranks, dtype=torch.int64).reshape(devices.shape),
                            mesh_dim_names=tuple(device_mesh.axis_names))

@@ -9,6 +9,7 @@ raised before the hierarchy existed, so ``except ValueError`` / ``except TypeErr
     |-- MixedOperandError (RuntimeError)        a plain operand could not be promoted for an op
     |   `-- ReplicationCheckError               patch(check="raise") found a broken assumption
     |-- UnsupportedTorchError (RuntimeError)    patch() on a torch outside the supported range
+    |-- DeviceAssignmentError (RuntimeError)    two ranks of one host on one CUDA device (NCCL refuses)
     |-- InvalidArgumentError (ValueError)       a value a public function cannot accept
     |   `-- UnknownOperatorError                an operator name that does not parse or exist
     `-- ArgumentTypeError (TypeError)           an argument of the wrong type
@@ -21,7 +22,7 @@ Kept free of torch imports: the package root exports these without importing tor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .._torch.dtensor_attributes import local_tensor
 
@@ -61,6 +62,19 @@ class UnsupportedTorchError(MixfixError, RuntimeError):
     """``patch()`` on a torch release outside the supported range (see
     :func:`keras_dtensor_mixfix._torch.versions.supported_range`), or on a newer one allowed by the
     opt-in whose self-check failed."""
+
+
+class DeviceAssignmentError(MixfixError, RuntimeError):
+    """Two or more ranks of one host compute on one CUDA device under NCCL (which refuses that with
+    ``Duplicate GPU detected``), found where the Keras integration builds the process group or a mesh.
+
+    ``ranks`` maps each shared device (``"cuda:0 on host h"``) to the ranks on it. Subclasses
+    ``RuntimeError`` because NCCL's own error is one.
+    """
+
+    def __init__(self, message: str, ranks: Optional[Mapping[str, Sequence[int]]] = None) -> None:
+        super().__init__(message)
+        self.ranks: Dict[str, List[int]] = {device: list(on) for device, on in (ranks or {}).items()}
 
 
 class UnsupportedKerasError(MixfixError, RuntimeError):

@@ -21,6 +21,7 @@ EXCEPTIONS = [
     (mf.MixedOperandError, RuntimeError),
     (mf.ReplicationCheckError, RuntimeError),
     (mf.UnsupportedTorchError, RuntimeError),
+    (mf.DeviceAssignmentError, RuntimeError),
     (mf.InvalidArgumentError, ValueError),
     (mf.UnknownOperatorError, ValueError),
     (mf.ArgumentTypeError, TypeError),
