@@ -21,6 +21,8 @@ come here.
   forward averages each rank's own mean (wrong for uneven shards), and its backward divides by each rank's own
   element count (a gradient n times too large on n even shards; ``repros/torch_mse_loss_mean_backward.py``).
   Computed as the sum over the global element count, forward and backward, as one process does.
+- In-place ``_foreach_*`` ops into ``Partial`` DTensors on torch 2.11, which drops those writes:
+  ``foreach_partial.py``.
 - ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
   its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
   The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
@@ -37,6 +39,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
+from . import foreach_partial
 from .construct import wrap
 from .specs import contiguous_stride
 
@@ -200,5 +203,7 @@ _CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
 def corrected(name: str, call: Call) -> Optional[Call]:
     """The correcting replacement of ``call`` (the op ``name``, e.g. ``aten::nll_loss_forward.default``), or None."""
     make = _CORRECTIONS.get(name)
-    return None if make is None else make(call)
+    if make is None:
+        return foreach_partial.corrected(name, call)  # only on the releases that need it
+    return make(call)
 

@@ -26,7 +26,7 @@ from .caches import remember
 from .construct import local_piece, new_dtensor
 from .general import promote_general
 from .operands import needs_promotion
-from .opstate import UNDECIDED, OpState, admission
+from .opstate import UNDECIDED, OpState, admission, op_state
 from .placements import cached_whole_layout
 from .run import call_op, wrap_result
 
@@ -140,8 +140,9 @@ def promote_foreach(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], in
                 out = promote_general(call_func, tuple(sub_args), kwargs, traits)
             else:
                 # Only DTensors (and scalars torch takes as they are): nothing to promote, e.g. the
-                # DTensor half of an optimizer's parameter list that also holds plain parameters.
-                out = call_func(*sub_args, **kwargs)
+                # DTensor half of an optimizer's parameter list that also holds plain parameters. Run
+                # as the op's state runs it (an exact form where the release needs one: corrections.py).
+                out = op_state(call_func).call(*sub_args, **kwargs)
         if isinstance(out, (list, tuple)):
             returned_list = True
             for index, value in zip(indices, out):

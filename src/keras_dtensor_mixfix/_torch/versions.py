@@ -3,9 +3,13 @@
 Kept free of torch imports: auto-activation consults it while ``import torch`` is still running.
 
 Three answers for a release: inside the range (supported); older than ``OLDEST_TORCH`` (never: torch
-2.9-2.11 run an in-place ``_foreach_*`` op on a ``Partial`` DTensor as a no-op, so optimizers update
-wrongly there); newer than ``NEWEST_TORCH`` (refused unless the user opts in, and then only if the
-built-in self-check of every torch internal the package uses passes: see ``selfcheck``).
+2.9.1 calls a dispatch rule that returns ``NotImplemented`` again instead of falling back to DTensor, which
+2.11.0 does; 2.10 was not checked); newer than ``NEWEST_TORCH`` (refused
+unless the user opts in, and then only if the built-in self-check of every torch internal the package
+uses passes: see ``selfcheck``).
+
+Also here, the defects of supported releases that the engine works around on those releases only, each
+tied to the releases it was seen on.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import re
 import sys
 from typing import Optional, Tuple
 
-OLDEST_TORCH: Tuple[int, int] = (2, 12)
-"""Oldest supported torch (major, minor); CI runs the whole suite on it (2.12.1)."""
+OLDEST_TORCH: Tuple[int, int] = (2, 11)
+"""Oldest supported torch (major, minor); CI runs the layers that meet torch on it (2.11.0)."""
 NEWEST_TORCH: Tuple[int, int] = (2, 15)
 """Newest torch minor release the suite was run on (CI runs it on 2.15.0)."""
 
@@ -81,5 +85,16 @@ def unsupported_reason(version: str) -> Optional[str]:
               "internals checked only on those releases (see keras_dtensor_mixfix._torch.api)")
     if kind == NEWER:
         return f"{reason}; {ALLOW_NEWER_HINT}"
-    return (f"{reason}; releases before {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} are never supported (torch 2.9-2.11 run "
-            "in-place _foreach_* ops on Partial DTensors as no-ops, so optimizers update wrongly)")
+    return (f"{reason}; releases before {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} are never supported (torch 2.9 calls a "
+            "dispatch rule that declines a call again instead of falling back to DTensor; 2.10 is not checked)")
+
+
+INPLACE_FOREACH_ON_PARTIAL_DROPPED: Tuple[Tuple[int, int], ...] = ((2, 9), (2, 10), (2, 11))
+"""Releases whose DTensor drops an in-place ``_foreach_*`` op's writes into a ``Partial`` DTensor (seen on
+2.9.1, 2.10.0 and 2.11.0; right on 2.12.1, 2.13.0, 2.14.1 and 2.15.0): ``repros/torch_foreach_inplace_partial.py``,
+worked around for the calls the package promotes by ``_engine/foreach_partial.py``."""
+
+
+def drops_inplace_foreach_on_partial(version: str) -> bool:
+    """Whether torch ``version`` runs in-place foreach ops into ``Partial`` DTensors as no-ops."""
+    return release_of(version) in INPLACE_FOREACH_ON_PARTIAL_DROPPED
