@@ -54,6 +54,9 @@ def meta_and_cpu_cases():
         out["meta_meta"] = _outcome(lambda: meta_w * torch.empty(8, 4, device="meta"))
         out["meta_peer_cpu_plain_again"] = _outcome(lambda: meta_w * x)
         out["cpu_scalar"] = _outcome(lambda: meta_w * torch.tensor(2.0))  # one element: torch's own path
+        # beside a larger plain operand that is promoted, a CPU scalar stays torch's: no copy (devices.py)
+        meta_mask = torch.empty(8, 4, dtype=torch.bool, device="meta")
+        out["cpu_scalar_beside_plain"] = _outcome(lambda: torch.where(meta_mask, meta_w, torch.tensor(0.0)))
         out["write_into_cpu_plain"] = _outcome(lambda: x.clone().add_(meta_w))
         out["meta_foreach"] = _outcome(lambda: torch._foreach_add([meta_w], [torch.empty(8, 4, device="meta")]))
         out["foreach_cpu_plain"] = _outcome(lambda: torch._foreach_add([meta_w], [x]))
@@ -68,7 +71,7 @@ def test_a_plain_operand_on_another_device_is_refused_and_never_wrapped():
     out = run_on_ranks(meta_and_cpu_cases, world_size=2)[0]
     for case in ("cpu_first", "cpu_after_errors"):
         assert out[case] == ("ok", "cpu"), (case, out[case])
-    for case in ("meta_meta", "cpu_scalar", "meta_foreach"):
+    for case in ("meta_meta", "cpu_scalar", "cpu_scalar_beside_plain", "meta_foreach"):
         assert out[case] == ("ok", "meta"), (case, out[case])
     assert out["values_after_errors"] is True
     refused = {"meta_peer_cpu_plain": ("cpu", "meta"), "meta_peer_cpu_plain_again": ("cpu", "meta"),
@@ -117,6 +120,8 @@ _CUDA_CASES = textwrap.dedent(
         "cpu_matrix": outcome(lambda: dw * x),
         "cpu_scalar": outcome(lambda: dw * torch.tensor(2.0)),
         "cpu_scalar_values": torch.equal((dw * torch.tensor(2.0)).full_tensor().cpu(), w * 2),
+        "moved_scalar_values": torch.equal(torch.where((x > 0).cuda(), dw, torch.tensor(0.5)).full_tensor().cpu(),
+                                           torch.where(x > 0, w, torch.tensor(0.5))),
         "other_gpu": outcome(lambda: dw * x.to(other_gpu)),
         "write_into_cpu_plain": outcome(lambda: x.clone().add_(dw)),
         "foreach_cpu_plain": outcome(lambda: torch._foreach_add([dw], [x])),
@@ -158,7 +163,7 @@ def test_on_a_cuda_mesh_cpu_scalars_move_and_other_devices_are_refused(tmp_path)
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for case in ("cuda_plain", "cpu_scalar", "cuda_after_errors"):
         assert out[case] == ["ok", "cuda:0"], (case, out[case])
-    assert out["cuda_values"] is True and out["cpu_scalar_values"] is True
+    assert out["cuda_values"] is True and out["cpu_scalar_values"] is True and out["moved_scalar_values"] is True
     refused = {"cpu_matrix": ("cpu", "cuda:0"), "other_gpu": ("cuda:1", "cuda:0"),
                "write_into_cpu_plain": ("cpu", "cuda:0"), "foreach_cpu_plain": ("cpu", "cuda:0"),
                "local_rule": ("cpu", "cuda:0")}

@@ -5,8 +5,8 @@ torch's own rule for plain tensors: every operand of an op sits on one device, e
 tensor, which torch takes as a scalar next to tensors on any device. So:
 
 - same device as the DTensor peer's local piece: promoted as usual;
-- a 0-dim CPU tensor the op only reads: moved to that device, then promoted (what torch does with a CPU
-  scalar; ``DTensor.from_local`` moves a local tensor to its mesh's device the same way);
+- a 0-dim CPU tensor the op only reads: accepted (``MOVE``), as torch accepts a CPU scalar (below: in
+  practice it stays on the CPU, read as a kernel argument, and is never copied);
 - anything else (a CPU matrix next to a CUDA DTensor, ``cuda:1`` next to ``cuda:0``, a 0-dim CPU tensor an
   op writes into, a CUDA scalar next to CPU DTensors): a ``MixedOperandError`` in the words of torch's
   device error, naming the op, the operand, shapes, devices and mesh, and what to do.
@@ -15,8 +15,20 @@ A DTensor whose local piece sits on another device than its mesh is never built:
 the local tensors later with a message that names neither operand, or, on the ``meta`` device, silently
 compute nothing.
 
-(torch itself passes one-element plain operands down its own path, so a 0-dim operand reaches promotion
-only when the op writes into it; the scalar rule is here so that the decision is torch's whole rule.)
+A 0-dim CPU tensor is never copied on the way. The general path promotes only multi-element plain
+operands (``operands.needs_promotion``) and those an op writes into, so a CPU scalar the op only reads
+(``torch.where(mask, dt, torch.tensor(0.))``, an optimizer's ``lr`` tensor) is left to torch's own path,
+which makes it ``Replicate`` with the CPU tensor itself as the local piece: the local kernel reads it as a
+kernel argument (TensorIterator's CPU-scalar rule), as torch does for plain tensors, with no copy and no
+host-device synchronization. No path of the engine reaches the ``MOVE`` verdict today (a written 0-dim
+operand is refused); the scalar rule is here so that the decision is torch's whole rule, and its move
+(:func:`scalar_on`) never waits for the device either: ``fill_`` with a value on another device reads it on
+the host (``value.item()``, a read of CPU memory) and launches one fill kernel with the value as its
+argument. ``DTensor.from_local`` would instead call ``local.to(mesh.device_type)``: a blocking copy (on
+CUDA a host-to-device ``memcpy`` and a stream synchronization, which waits for every kernel queued before
+it) onto the *current* device. The move is not cached across calls: a CPU scalar may change in place
+between calls (a learning rate a scheduler ``fill_``-s), telling so needs torch's private version counter,
+and one fill kernel costs what a lookup would.
 """
 
 from __future__ import annotations
@@ -58,16 +70,26 @@ def target_device(peer: DTensor, mesh: Any) -> torch.device:
     return torch.device(mesh.device_type)
 
 
+def scalar_on(scalar: torch.Tensor, target: torch.device) -> torch.Tensor:
+    """A 0-dim tensor on ``target`` with ``scalar``'s value and dtype, made without waiting for the device.
+
+    ``scalar`` is a 0-dim CPU tensor. The value goes to the device as a kernel argument (``fill_`` reads a
+    value on another device on the host), never through a blocking copy; the result is differentiable with
+    respect to ``scalar``. Contract: no host-device synchronization on any device, one kernel launch.
+    """
+    return torch.empty((), dtype=scalar.dtype, device=target).fill_(scalar)
+
+
 def on_mesh_device(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits) -> torch.Tensor:
     """``operand``'s tensor on the device its promoted local piece must sit on (moved only for a 0-dim
-    CPU tensor), or a ``MixedOperandError`` saying why it cannot be."""
+    CPU tensor, with :func:`scalar_on`), or a ``MixedOperandError`` saying why it cannot be."""
     plain = operand.tensor
     target = target_device(peer, mesh)
     verdict, why = device_decision(plain.device, plain.dim(), operand.written, target)
     if verdict == SAME:
         return plain
     if verdict == MOVE:
-        return plain.to(target)
+        return scalar_on(plain, target)
     raise promotion_error(
         traits.name, f"{why}; mesh {describe_mesh(mesh)}", operand_label=operand.label, operand=plain, peers=[peer],
         advice=f"Put the plain tensor on the mesh's device first ({operand.label}.to({str(target)!r}), or create it "

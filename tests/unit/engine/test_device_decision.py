@@ -57,3 +57,45 @@ def test_a_cpu_scalar_is_moved_to_the_peers_device_and_kept_otherwise():
     same = torch.ones(2)
     assert on_mesh_device(Operand((1,), same, True, False), _peer_on(CPU, mesh), mesh, traits) is same
 
+
+
+def test_a_moved_cpu_scalar_keeps_value_dtype_and_gradient():
+    """The move (``scalar_on``) on CPU, where its value can be read: same value and dtype, and the gradient reaches
+    the CPU scalar; onto ``meta``: a 0-dim tensor of the dtype on the target device."""
+    from keras_dtensor_mixfix._engine.devices import scalar_on
+
+    scalar = torch.tensor(3.0, requires_grad=True)
+    moved = scalar_on(scalar, CPU)
+    (moved * 2).backward()
+    assert moved.item() == 3.0 and scalar.grad.item() == 2.0
+    for dtype in (torch.float16, torch.int64, torch.bool):
+        on_meta = scalar_on(torch.tensor(1, dtype=dtype), META)
+        assert (on_meta.device, on_meta.dtype, on_meta.shape) == (META, dtype, torch.Size([]))
+
+
+def test_the_move_is_never_a_blocking_copy(monkeypatch):
+    """``Tensor.to``/``copy_`` are replaced by functions that fail: they stand for CUDA's blocking host-to-device
+    copy (a memcpy and a stream synchronization), which the move must not use."""
+    def blocking(*args, **kwargs):
+        raise AssertionError("a blocking copy")
+
+    monkeypatch.setattr(torch.Tensor, "to", blocking)
+    monkeypatch.setattr(torch.Tensor, "copy_", blocking)
+    mesh = object()
+    traits = op_traits(torch.ops.aten.where.self)
+    moved = on_mesh_device(Operand((2,), torch.tensor(3.0), True, False), _peer_on(META, mesh), mesh, traits)
+    assert moved.device == META and moved.shape == ()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_on_cuda_the_move_never_synchronizes():
+    """On a GPU: torch's sync debug mode set to raise on any host-device synchronization around the move."""
+    from keras_dtensor_mixfix._engine.devices import scalar_on
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moved = scalar_on(torch.tensor(2.5), torch.device("cuda", torch.cuda.current_device()))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert moved.item() == 2.5
