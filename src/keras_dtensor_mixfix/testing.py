@@ -224,11 +224,20 @@ class _Pool:
             task_queue.put((task_id, fn, args, kwargs))
         values: Dict[int, Any] = {}
         failures: Dict[int, Tuple[str, str, str]] = {}
+        deadline = time.monotonic() + timeout
         while len(values) + len(failures) < self.size:
             try:
-                got_id, r, ok, payload = self.results.get(timeout=timeout)
+                got_id, r, ok, payload = self.results.get(timeout=min(_LIVENESS_POLL_S, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
                 missing = sorted(set(range(self.size)) - set(values) - set(failures))
+                dead = [(m, self.processes[m].exitcode) for m in missing if self.processes[m].exitcode is not None]
+                if dead:
+                    # A rank that died (a crash in native code, a signal) answers nothing: say so at once rather
+                    # than wait out the timeout; the others may be stuck in a collective it never joined.
+                    died = {m: ("WorkerDied", _died_message(m, code), "") for m, code in dead}
+                    raise RankError(dead[0][0], "WorkerDied", died[dead[0][0]][1], "", {**failures, **died})
+                if time.monotonic() < deadline:
+                    continue
                 if failures:
                     break  # the others are most likely stuck in a collective the failed rank never joined
                 raise RankError(missing[0], "TimeoutError", f"no result from ranks {missing} within {timeout}s", "",
@@ -260,6 +269,16 @@ class _Pool:
             shutil.rmtree(self._cache_dir, ignore_errors=True)
 
 
+_LIVENESS_POLL_S = 2.0
+"""How often a waiting ``run`` looks whether a rank that has not answered is still alive."""
+
+
+def _died_message(rank: int, exitcode: int) -> str:
+    how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
+    return (f"rank {rank} {how} while running the function (a crash in native code, or os._exit); its output above "
+            "may say where; the ranks are restarted for the next call")
+
+
 _DIED_AT_START = (
     "rank {rank} exited (exit code {code}) before joining the process group. The workers are started with "
     "'spawn': each one imports your main module again, so a script that calls run_on_ranks must do so under "
@@ -277,7 +296,8 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     """Call ``fn(*args, **kwargs)`` on every rank of a ``world_size``-process gloo group on 127.0.0.1.
 
     Returns the per-rank return values, rank 0 first. Raises :class:`RankError` with the
-    lowest failing rank's traceback if any rank raised or did not answer within ``timeout``, and
+    lowest failing rank's traceback if any rank raised or did not answer within ``timeout``, at
+    once (within seconds) if a rank's process died (``exc_type`` ``"WorkerDied"``), and
     :class:`WorkerStartError` if the workers could not start.
     """
     global _exit_hook_registered

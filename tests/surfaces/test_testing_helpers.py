@@ -84,6 +84,23 @@ def test_a_rank_that_does_not_answer_in_time_is_a_timeout_error():
     assert run_on_ranks(fail_on_rank, [], world_size=2) == [0, 1]  # restarted and usable
 
 
+def die_on_rank_one():
+    from keras_dtensor_mixfix.testing import rank
+
+    if rank() == 1:
+        os._exit(3)  # what a crash in native code looks like from outside: no traceback, no answer
+    time.sleep(60)  # rank 0 waits as if in a collective the dead rank never joins
+    return rank()
+
+
+def test_a_rank_that_dies_is_reported_at_once_not_after_the_timeout():
+    started = time.monotonic()
+    with pytest.raises(RankError, match=r"rank 1 exited with code 3 while running the function") as info:
+        run_on_ranks(die_on_rank_one, world_size=2, timeout=120)
+    assert info.value.exc_type == "WorkerDied" and time.monotonic() - started < 30
+    assert run_on_ranks(fail_on_rank, [], world_size=2) == [0, 1]  # restarted and usable
+
+
 # --------------------------------------------------------------------------- MixedCall.peer_for
 
 
