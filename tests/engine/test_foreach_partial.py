@@ -48,13 +48,22 @@ def partial_rows(world_size, forced):
     import keras_dtensor_mixfix as mf
     from keras_dtensor_mixfix._engine import foreach_partial
     from keras_dtensor_mixfix._engine.caches import CACHES
+    from keras_dtensor_mixfix._torch.versions import drops_inplace_foreach_on_partial
 
+    exact = forced or drops_inplace_foreach_on_partial(torch.__version__)
     written = []
     write_into = foreach_partial._write_into
     if forced:
         foreach_partial.drops_inplace_foreach_on_partial = lambda version: True
         CACHES.clear()  # op states made before hold the release's own call
     foreach_partial._write_into = lambda row, value: (written.append(row), write_into(row, value))
+
+    def check(what, value, expected, rows_written):
+        close(value, expected, what, rtol=1e-12, atol=1e-12)
+        # the exact form wrote the rows itself, or the release did
+        assert len(written) == (rows_written if exact else 0), (what, len(written))
+        written.clear()
+
     try:
         m = mesh_for(world_size)
         torch.manual_seed(0)
@@ -65,29 +74,22 @@ def partial_rows(world_size, forced):
             with mf.patched():
                 rows = [_partial(a, m, placements), _partial(b, m, placements), c.clone()]
                 torch._foreach_mul_(rows, [pa, pb, c])  # plain multipliers, a plain row
-                close(rows[0], a * pa, f"mul_ list {label}", rtol=1e-12, atol=1e-12)
+                close(rows[2], c * c, f"mul_ list plain row {label}")
                 close(rows[1], b * pb, f"mul_ list {label}", rtol=1e-12, atol=1e-12)
-                close(rows[2], c * c, f"mul_ list plain row {label}", rtol=1e-12, atol=1e-12)
+                check(f"mul_ list {label}", rows[0], a * pa, 2)
                 rows = [_partial(a, m, placements), _partial(b, m, placements)]
                 torch._foreach_add_(rows, [pa, pb], alpha=0.5)
-                close(rows[0], a + 0.5 * pa, f"add_ list {label}", rtol=1e-12, atol=1e-12)
                 close(rows[1], b + 0.5 * pb, f"add_ list {label}", rtol=1e-12, atol=1e-12)
+                check(f"add_ list {label}", rows[0], a + 0.5 * pa, 2)
                 rows = [_partial(a, m, placements), c.clone()]
                 torch._foreach_mul_(rows, 0.25)  # the DTensor rows are a group of their own
-                close(rows[0], a * 0.25, f"mul_ scalar {label}", rtol=1e-12, atol=1e-12)
+                check(f"mul_ scalar {label}", rows[0], a * 0.25, 1)
                 assert tuple(rows[0].placements) == tuple(placements), rows[0].placements
         _sgd_and_clipping(m)
-        from keras_dtensor_mixfix._torch.versions import drops_inplace_foreach_on_partial
-
-        if forced or drops_inplace_foreach_on_partial(torch.__version__):
-            assert len(written) >= 14, len(written)  # the exact form ran: 7 calls of the cases, 2 per SGD step
-        else:
-            assert not written, len(written)  # the release writes into Partial rows itself
+        assert bool(written) == exact, len(written)  # clipping's and momentum's in-place writes
     finally:
         foreach_partial._write_into = write_into
         if forced:
-            from keras_dtensor_mixfix._torch.versions import drops_inplace_foreach_on_partial
-
             foreach_partial.drops_inplace_foreach_on_partial = drops_inplace_foreach_on_partial
             CACHES.clear()
     return "ok"

@@ -1,7 +1,10 @@
-"""Minimal pure-torch repros of the torch bugs the package works around; each fails on today's torch.
+"""Minimal pure-torch repros of the torch bugs the package works around, each tied to the releases it was run on.
 
-Each runs as an expected failure (strict): the day a torch release fixes one, its test passes
-unexpectedly and fails the suite, so the workaround it names can be re-checked and dropped.
+``torch_bug`` reads, per repro, the releases on which it failed (the bug is there) and those on which it passed
+(fixed): on a release where it failed it runs as a strict expected failure, so that the release that fixes it
+fails the suite and the workaround it names can be re-checked; on a release where it passed it must pass; on a
+release it was not run on (a newer torch, opted in) it runs as a non-strict expected failure that says so.
+CI runs this file on every supported minor release (CONTRIBUTING.md, "The supported torch range").
 """
 
 from __future__ import annotations
@@ -31,10 +34,26 @@ import torch_dtensor_one_hot_compiled  # noqa: E402
 import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
+import torch_foreach_inplace_partial  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
 import torch_scatter_add_src_misaligned  # noqa: E402
 import torch_view_two_axes_one_dim  # noqa: E402
+
+
+EVERY_RELEASE = ((2, 11), (2, 12), (2, 13), (2, 14), (2, 15))
+"""The supported minor releases, each run against every repro below (2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0)."""
+
+
+def torch_bug(reason, broken=EVERY_RELEASE, fixed=()):
+    """The marker of a repro test: the bug was seen on the ``broken`` releases, not on the ``fixed`` ones."""
+    release = release_of(torch.__version__)
+    if release in fixed:
+        return pytest.mark.usefixtures()  # must pass
+    if release in broken:
+        return pytest.mark.xfail(strict=True, raises=RankError, reason=f"torch {torch.__version__}: {reason}")
+    return pytest.mark.xfail(strict=False, raises=RankError,
+                             reason=f"torch {torch.__version__} was not checked against this repro: {reason}")
 
 
 def _run_repro(repro, *expected, world_size=4):
@@ -47,85 +66,77 @@ def _run_repro(repro, *expected, world_size=4):
         raise
 
 
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's embedding on a 2-D mesh builds the _MaskPartial "
-                          "mask from the ids before gathering them (IndexError); worked around in the Keras take")
+@torch_bug("DTensor's embedding on a 2-D mesh builds the _MaskPartial "
+           "mask from the ids before gathering them (IndexError); worked around in the Keras take")
 def test_embedding_with_ids_split_on_the_tables_other_mesh_axis():
     _run_repro(torch_embedding_mask_2d.repro, "IndexError", "shape of the mask")
 
 
-# fixed in torch 2.15.0 (there the repro passes, and this test checks that it does); seen on 2.12.1 and 2.13.0;
-# 2.14 not checked
-@pytest.mark.xfail(release_of(torch.__version__) < (2, 15), strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's argmax over a dim split on a 2-D mesh, one row per "
-                          "rank, fails reshaping the gathered pieces; worked around in the Keras argmax/argmin")
+@torch_bug("DTensor's argmax over a dim split on a 2-D mesh, one row per "
+           "rank, fails reshaping the gathered pieces; worked around in the Keras argmax/argmin",
+           broken=((2, 11), (2, 12), (2, 13), (2, 14)), fixed=((2, 15),))
 def test_argmax_over_a_dim_split_on_a_2d_mesh_with_one_row_per_rank():
     _run_repro(torch_argmax_2d.repro, "RuntimeError", "is invalid for input of size")
 
 
-# seen on 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: TorchDynamo answers hasattr(dtensor, 'to_local') False while "
-                          "tracing; worked around in the Keras attention (isinstance instead)")
+@torch_bug("TorchDynamo answers hasattr(dtensor, 'to_local') False while "
+           "tracing; worked around in the Keras attention (isinstance instead)")
 def test_hasattr_of_a_dtensor_method_under_torch_compile():
     _run_repro(torch_dynamo_hasattr_dtensor.repro, "AssertionError", "hasattr/isinstance compiled (False, True)",
                world_size=2)
 
 
-# seen on 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: AOTAutograd gives a DTensor input modified in place under "
-                          "torch.compile a plain tangent (and miscounts its forward outputs); keras_hub Gemma met it "
-                          "after a graph break, avoided by tracing Keras' cast of a NumPy value")
+@torch_bug("AOTAutograd gives a DTensor input modified in place under "
+           "torch.compile a plain tangent (and miscounts its forward outputs); keras_hub Gemma met it "
+           "after a graph break, avoided by tracing Keras' cast of a NumPy value")
 def test_compiled_in_place_change_of_a_dtensor_input_that_requires_grad():
     _run_repro(torch_compile_mutated_dtensor_input.repro, "RuntimeError", "got mixed torch.Tensor and DTensor",
                world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: a compiled function's DTensor output that no gradient reaches "
-                          "gets a plain zero tangent, which AOTAutograd refuses; keras_hub Gemma3n meets it under "
-                          "jit_compile=True after a graph break (docs/keras.md)")
+@torch_bug("a compiled function's DTensor output that no gradient reaches "
+           "gets a plain zero tangent, which AOTAutograd refuses; keras_hub Gemma3n meets it under "
+           "jit_compile=True after a graph break (docs/keras.md)")
 def test_compiled_dtensor_output_that_no_gradient_reaches():
     _run_repro(torch_compile_dtensor_output_without_gradient.repro, "RuntimeError",
                "Expected a DTensor tangent but got a plain Tensor", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's argmax along a sharded dim reads its piece's offset "
-                          "from a tensor, a data-dependent graph break; worked around in the Keras integration "
-                          "(each piece's winner gathered while compiling)")
+@torch_bug("DTensor's argmax along a sharded dim reads its piece's offset "
+           "from a tensor, a data-dependent graph break; worked around in the Keras integration "
+           "(each piece's winner gathered while compiling)")
 def test_argmax_along_a_sharded_dim_under_torch_compile_fullgraph():
     _run_repro(torch_dtensor_argmax_compiled.repro, "data-dependent expression", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: backward() inside a compiled function makes TorchDynamo compile "
-                          "DTensor.__tensor_unflatten__ as frames; the Keras integration runs the step's backward "
-                          "with torch.compiler.disable")
+@torch_bug("backward() inside a compiled function makes TorchDynamo compile "
+           "DTensor.__tensor_unflatten__ as frames; the Keras integration runs the step's backward "
+           "with torch.compiler.disable")
 def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
     _run_repro(torch_dynamo_compiles_dtensor_unflatten.repro, "AssertionError",
                "TorchDynamo compiled DTensor.__tensor_unflatten__ as a frame", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: one_hot of a DTensor under torch.compile meets "
-                          "aten._assert_async.msg, which has no DTensor sharding strategy (keras_hub Qwen MoE compiled)")
+@torch_bug("one_hot of a DTensor under torch.compile meets "
+           "aten._assert_async.msg, which has no DTensor sharding strategy (keras_hub Qwen MoE compiled)")
 def test_one_hot_of_a_dtensor_under_torch_compile_fullgraph():
     _run_repro(torch_dtensor_one_hot_compiled.repro, "_assert_async", world_size=2)
 
 
-# fixed in torch 2.15.0 (there the repro passes, and this test checks that it does); seen on 2.12.1 and 2.13.0
-@pytest.mark.xfail(release_of(torch.__version__) < (2, 15), strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's class-weighted mean nll_loss over a batch split across "
-                          "ranks averages each rank's own mean (pytorch/pytorch#185167); the package computes the "
-                          "mixed call right (_engine/corrections.py)")
+@torch_bug("DTensor's class-weighted mean nll_loss over a batch split across "
+           "ranks averages each rank's own mean (pytorch/pytorch#185167); the package computes the "
+           "mixed call right (_engine/corrections.py)",
+           broken=((2, 11), (2, 12), (2, 13)), fixed=((2, 14), (2, 15)))
 def test_weighted_mean_nll_loss_over_a_split_batch():
     _run_repro(torch_nll_loss_weighted_mean.repro, "AssertionError", "Scalars are not close", world_size=2)
+
+
+@torch_bug("DTensor runs an in-place _foreach_* op into a Partial DTensor as a no-op, so foreach "
+           "optimizers and clipping over Partial gradients update wrongly; the package runs the mixed calls exactly "
+           "(_engine/foreach_partial.py)",
+           broken=((2, 11),), fixed=((2, 12), (2, 13), (2, 14), (2, 15)))
+def test_inplace_foreach_into_a_partial_dtensor():
+    _run_repro(torch_foreach_inplace_partial.repro, "AssertionError", "in-place foreach on Partial", world_size=2)
 
 
 def _clip_two_meshes_patched():
@@ -136,11 +147,9 @@ def _clip_two_meshes_patched():
         torch_clip_grad_norm_two_meshes.repro()
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor refuses ops on operands from two meshes over the same "
-                          "ranks, so clip_grad_norm_ over parameters on two meshes fails; the package takes a whole "
-                          "value on another mesh as a plain tensor (_engine/meshes.py)")
+@torch_bug("DTensor refuses ops on operands from two meshes over the same "
+           "ranks, so clip_grad_norm_ over parameters on two meshes fails; the package takes a whole "
+           "value on another mesh as a plain tensor (_engine/meshes.py)")
 def test_clip_grad_norm_over_parameters_on_two_meshes():
     _run_repro(torch_clip_grad_norm_two_meshes.repro, "same mesh", world_size=2)  # a ValueError on 2.12
 
@@ -150,67 +159,52 @@ def test_clip_grad_norm_over_parameters_on_two_meshes_patched():
     run_on_ranks(_clip_two_meshes_patched, world_size=2, timeout=300)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's mse_loss (and huber, smooth_l1, soft_margin, "
-                          "binary_cross_entropy) mean backward over a split input divides by each rank's element "
-                          "count; the package computes the mixed calls right (_engine/corrections.py)")
+@torch_bug("DTensor's mse_loss (and huber, smooth_l1, soft_margin, "
+           "binary_cross_entropy) mean backward over a split input divides by each rank's element "
+           "count; the package computes the mixed calls right (_engine/corrections.py)")
 def test_mean_mse_loss_gradient_over_a_split_input():
     _run_repro(torch_mse_loss_mean_backward.repro, "AssertionError", "not close", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's cosine_embedding_loss over inputs split along the "
-                          "feature dim gives a wrong value (a gap the package cannot refuse: docs/rules.md)")
+@torch_bug("DTensor's cosine_embedding_loss over inputs split along the "
+           "feature dim gives a wrong value (a gap the package cannot refuse: docs/rules.md)")
 def test_cosine_embedding_loss_over_inputs_split_along_features():
     _run_repro(torch_cosine_embedding_loss_split_features.repro, "AssertionError", "not close", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's scatter_add splits a src larger than the index at "
-                          "other rows than the index; the package refuses the mixed call (_rules/builtin_pack.py)")
+@torch_bug("DTensor's scatter_add splits a src larger than the index at "
+           "other rows than the index; the package refuses the mixed call (_rules/builtin_pack.py)")
 def test_scatter_add_with_a_src_larger_than_the_index_along_the_split_dim():
     _run_repro(torch_scatter_add_src_misaligned.repro, "AssertionError", "not close", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor cannot index with a boolean mask (nonzero has no "
-                          "strategy); the package indexes local pieces for a plain mask (_engine/corrections.py)")
+@torch_bug("DTensor cannot index with a boolean mask (nonzero has no "
+           "strategy); the package indexes local pieces for a plain mask (_engine/corrections.py)")
 def test_boolean_mask_index_of_a_replicated_dtensor():
     _run_repro(torch_boolean_mask_index.repro, "RuntimeError", "nonzero", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: torch.distributed.checkpoint reads a tensor saved whole in "
-                          "full on every rank that loads a piece of it (docs/keras.md, Saving, loading and memory)")
+@torch_bug("torch.distributed.checkpoint reads a tensor saved whole in "
+           "full on every rank that loads a piece of it (docs/keras.md, Saving, loading and memory)")
 def test_dcp_load_of_a_tensor_saved_whole_reads_it_whole_on_every_rank():
     _run_repro(torch_dcp_load_reads_whole_saved_tensor.repro, "AssertionError", "bytes to load its", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor's convolution of an input split along its channels runs "
-                          "the kernel on the piece with the whole weight; worked around in the Keras conv")
+@torch_bug("DTensor's convolution of an input split along its channels runs "
+           "the kernel on the piece with the whole weight; worked around in the Keras conv")
 def test_convolution_of_an_input_split_along_its_channels():
     _run_repro(torch_conv_channel_split.repro, "RuntimeError", "to have 8 channels", world_size=2)
 
 
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor declares softplus's and elu's gradient contiguous over a "
-                          "piece the kernel wrote transposed, so a later reshape views it and fails; worked around in "
-                          "the Keras activations")
+@torch_bug("DTensor declares softplus's and elu's gradient contiguous over a "
+           "piece the kernel wrote transposed, so a later reshape views it and fails; worked around in "
+           "the Keras activations")
 def test_reshape_of_an_activation_gradient_laid_out_transposed():
     _run_repro(torch_activation_backward_strides.repro, "RuntimeError", "view size is not compatible", world_size=2)
 
 
-# seen on 2.12.1, 2.13.0 and 2.15.0
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason=f"torch {torch.__version__}: DTensor accepts a view unflattening a dim split over both axes of "
-                          "a 2-D mesh into a size only the first divides, then fails viewing the pieces; worked around "
-                          "in the Keras reshape (the gradient laid out as the forward output was)")
+@torch_bug("DTensor accepts a view unflattening a dim split over both axes of "
+           "a 2-D mesh into a size only the first divides, then fails viewing the pieces; worked around "
+           "in the Keras reshape (the gradient laid out as the forward output was)")
 def test_view_unflattening_a_dim_split_over_two_mesh_axes():
     _run_repro(torch_view_two_axes_one_dim.repro, "RuntimeError", "is invalid for input of size")

@@ -80,6 +80,27 @@ def test_pyproject_versions_ci_and_readme_agree_on_the_torch_range():
     assert f"torch {oldest} to {newest}" in readme
 
 
+def test_ci_runs_every_supported_minor_release_and_the_repros_name_each():
+    import sys
+
+    from keras_dtensor_mixfix._torch import versions
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    middle = re.search(r'^MIDDLE_TORCHES="([\d. ]+)"$', ci, re.M)
+    assert middle, "CI names the releases between the ends"
+    ran = {tuple(int(part) for part in release.split(".")[:2]) for release in middle.group(1).split()}
+    ran |= {versions.OLDEST_TORCH, versions.NEWEST_TORCH}
+    ran |= {tuple(int(p) for p in m.split(".")) for m in re.findall(r'^phase "torch (\d+\.\d+)\.\d+ layers"', ci, re.M)}
+    every = {(versions.OLDEST_TORCH[0], minor) for minor in range(versions.OLDEST_TORCH[1], versions.NEWEST_TORCH[1] + 1)}
+    assert every <= ran, f"CI runs no torch layers on {sorted(every - ran)}"
+    sys.path.insert(0, str(ROOT / "tests" / "patterns"))
+    try:
+        import test_torch_repros
+    finally:
+        sys.path.pop(0)
+    assert set(test_torch_repros.EVERY_RELEASE) == every, "the repros' releases are the supported range"
+
+
 def test_no_test_folder_is_named_like_a_package_the_tests_import():
     # tests/ is on sys.path (conftest.py and the shared helpers live there), so each folder in it is importable as a
     # namespace package by its name: a tests/transformers/ folder was imported as `transformers` where transformers

@@ -30,7 +30,7 @@ UNREADABLE = "unreadable"
 
 
 def supported_range() -> str:
-    """The supported range in words, e.g. ``"torch 2.12 to 2.15.x"``."""
+    """The supported range in words, e.g. ``"torch 2.11 to 2.15.x"``."""
     return f"torch {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} to {NEWEST_TORCH[0]}.{NEWEST_TORCH[1]}.x"
 
 
