@@ -1,0 +1,41 @@
+"""benchmarks/gpu_check.py on CPU, as docs/gpu.md runs it: exit 0 and every row family in its one table.
+
+Runs wherever it is collected: without Keras or keras_hub rows 4 and 5 must say skipped; where keras_hub is
+importable (CI's keras_hub environment) they must have run. About 2 to 3 minutes on 2 cores.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _has(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # keras_hub does not import on some Kerases
+        return False
+
+
+def test_gpu_check_on_cpu():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--device", "cpu",
+                           "--size", "small"], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = re.findall(r"^\| ([0-9][0-9.]*) \| (.*?) \| (.*?) \| (.*?) \|$", done.stdout, re.MULTILINE)
+    families = {row[0].split(".")[0]: [] for row in rows}
+    for row in rows:
+        families[row[0].split(".")[0]].append(row)
+    assert set(families) == {"1", "2", "3", "4", "5", "6"}, done.stdout
+    assert all(verdict != "FAIL" for *_, verdict in rows), done.stdout
+    assert families["6"][0][3] == "n/a on cpu"
+    keras_rows = families["4"] + families["5"]
+    if _has("keras") and _has("keras_hub"):
+        assert all(verdict == "pass" for *_, verdict in families["4"]), done.stdout
+        expected = 2 if _has("jax") else 1  # the JAX row says skipped without JAX
+        assert sum(not verdict.startswith("skipped") for *_, verdict in families["5"]) == expected, done.stdout
+    else:
+        assert all(verdict.startswith("skipped") for *_, verdict in keras_rows), done.stdout
