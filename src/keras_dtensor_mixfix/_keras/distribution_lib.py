@@ -290,22 +290,58 @@ def _gradient_like_parameter(parameter: Any) -> None:
         parameter.grad = grad.redistribute(parameter.device_mesh, parameter.placements)
 
 
+def batch_device(mesh: Any) -> torch.device:
+    """Where a batch's local piece goes on ``mesh``: the mesh's device type, and on CUDA this rank's current
+    device (set from ``LOCAL_RANK`` before the mesh was built: :mod:`.cuda_devices`), as ``DTensor`` puts a
+    local tensor made for a ``"cuda"`` mesh."""
+    kind = mesh.device_type
+    if kind == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(kind)
+
+
+def local_batch_on(batch: torch.Tensor, device: torch.device, mesh: Any, placements: Tuple[Any, ...],
+                   is_global: bool) -> Any:
+    """``batch`` (on another device than ``device``, needing no gradient) as a DTensor with ``placements``, its
+    local piece on ``device``: a global batch is sliced where it is and only this rank's slice is copied, a
+    per-process batch copied whole; one ``non_blocking`` copy per batch (from pinned memory it overlaps the
+    step; from pageable memory CUDA stages it, and the host never waits for queued kernels)."""
+    from torch.distributed.tensor import DTensor
+
+    from .._engine.specs import region
+    from .._torch.api import compute_local_shape_and_global_offset
+
+    if is_global:
+        local_shape, offset = compute_local_shape_and_global_offset(tuple(batch.shape), mesh, placements)
+        local = batch[region(offset, local_shape)].to(device, non_blocking=True)
+        return DTensor.from_local(local, mesh, list(placements), run_check=False, shape=batch.shape,
+                                  stride=batch.stride())  # distribute_tensor's global stride
+    return DTensor.from_local(batch.to(device, non_blocking=True), mesh, list(placements), run_check=False)
+
+
 def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: Optional[str] = None,
                           is_global: bool = False) -> Any:
-    """A batch as a DTensor sharded on the batch axis.
+    """A batch as a DTensor sharded on the batch axis, its local piece on the mesh's device (:func:`batch_device`).
 
     ``is_global=False`` (JAX's and Keras 3.16's meaning of this function): the batch is this
     process's own shard. ``is_global=True`` (what the trainer passes unless ``auto_shard_dataset``
     is off): every process holds the same global batch; each keeps its slice (no communication).
-    ``batch_dim_name`` is accepted for JAX's signature; the layout says it all.
+    ``batch_dim_name`` is accepted for JAX's signature; the layout says it all. A batch on another device
+    (a CPU batch for a CUDA mesh) is copied once, only this rank's piece of it (:func:`local_batch_on`):
+    never the blocking whole-batch ``.to(mesh.device_type)`` of ``distribute_tensor``/``from_local``.
     """
     from torch.distributed.tensor import DTensor
 
     if not isinstance(per_process_batch, torch.Tensor) or isinstance(per_process_batch, DTensor):
         return per_process_batch
     resolved = _resolve(layout)
+    symbolic = is_symbolic(per_process_batch)
+    if not symbolic and not per_process_batch.requires_grad:
+        device = batch_device(resolved.mesh)
+        if per_process_batch.device != device:
+            return local_batch_on(per_process_batch, device, resolved.mesh, tuple(resolved.placements), is_global)
     if is_global:
-        if per_process_batch.requires_grad or is_symbolic(per_process_batch):
+        if per_process_batch.requires_grad or symbolic:
             return relayout(per_process_batch, resolved)
         # The usual case, data that needs no gradient: every rank slices its own copy (no
         # communication) without the autograd machinery of from_local/redistribute.
