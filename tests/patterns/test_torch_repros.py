@@ -38,6 +38,7 @@ import torch_foreach_inplace_partial  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
 import torch_scatter_add_src_misaligned  # noqa: E402
+import torch_stack_negative_dim  # noqa: E402
 import torch_view_two_axes_one_dim  # noqa: E402
 
 
@@ -137,6 +138,14 @@ def test_weighted_mean_nll_loss_over_a_split_batch():
            broken=((2, 11),), fixed=((2, 12), (2, 13), (2, 14), (2, 15)))
 def test_inplace_foreach_into_a_partial_dtensor():
     _run_repro(torch_foreach_inplace_partial.repro, "AssertionError", "in-place foreach on Partial", world_size=2)
+
+
+@torch_bug("DTensor's stack with a negative dim labels inputs split at or after the new dim split one "
+           "dim further (a wrong full tensor); the package runs the mixed calls with the dim made non-negative "
+           "(_engine/corrections.py)",
+           broken=((2, 11),), fixed=((2, 12), (2, 13), (2, 14), (2, 15)))
+def test_stack_along_a_negative_dim_of_inputs_split_along_their_last_dim():
+    _run_repro(torch_stack_negative_dim.repro, "AssertionError", "stack along -1", world_size=2)
 
 
 def _clip_two_meshes_patched():

@@ -23,6 +23,9 @@ come here.
   Computed as the sum over the global element count, forward and backward, as one process does.
 - In-place ``_foreach_*`` ops into ``Partial`` DTensors on torch 2.11, which drops those writes:
   ``foreach_partial.py``.
+- ``stack`` with a negative ``dim`` on torch 2.11, whose DTensor normalizes it against the inputs' rank and
+  labels an input split at or after it split one dim further (a wrong global shape;
+  ``repros/torch_stack_negative_dim.py``): run with the dim made non-negative, the same op.
 - ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
   its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
   The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
@@ -39,6 +42,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
+from .._torch.versions import has_defect, running_torch_version
 from . import foreach_partial
 from .construct import wrap
 from .specs import contiguous_stride
@@ -176,6 +180,17 @@ def _put_by_mask(op: Call) -> Call:
     return index_put
 
 
+def _stack_with_a_non_negative_dim(op: Call) -> Call:
+    def stack(*args: Any, **kwargs: Any) -> Any:
+        # stack(tensors, dim=0): a negative dim counts from the end of the output, one dim longer than the inputs
+        if kwargs or len(args) != 2 or not isinstance(args[1], int) or args[1] >= 0 or not args[0]:
+            return op(*args, **kwargs)
+        tensors, dim = args
+        return op(tensors, dim + tensors[0].dim() + 1)
+
+    return stack
+
+
 _CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
     # (self, target, reduction, ...) and their backward (grad_output, self, target, reduction, ...)
     "aten::mse_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
@@ -203,6 +218,9 @@ _CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
 def corrected(name: str, call: Call) -> Optional[Call]:
     """The correcting replacement of ``call`` (the op ``name``, e.g. ``aten::nll_loss_forward.default``), or None."""
     make = _CORRECTIONS.get(name)
+    if make is None and name == "aten::stack.default" and has_defect("stack_negative_dim_misplaced",
+                                                                      running_torch_version()):
+        make = _stack_with_a_non_negative_dim
     if make is None:
         return foreach_partial.corrected(name, call)  # only on the releases that need it
     return make(call)

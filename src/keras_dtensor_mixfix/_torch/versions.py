@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 OLDEST_TORCH: Tuple[int, int] = (2, 11)
 """Oldest supported torch (major, minor); CI runs the layers that meet torch on it (2.11.0)."""
@@ -89,12 +89,27 @@ def unsupported_reason(version: str) -> Optional[str]:
             "dispatch rule that declines a call again instead of falling back to DTensor; 2.10 is not checked)")
 
 
-INPLACE_FOREACH_ON_PARTIAL_DROPPED: Tuple[Tuple[int, int], ...] = ((2, 9), (2, 10), (2, 11))
-"""Releases whose DTensor drops an in-place ``_foreach_*`` op's writes into a ``Partial`` DTensor (seen on
-2.9.1, 2.10.0 and 2.11.0; right on 2.12.1, 2.13.0, 2.14.1 and 2.15.0): ``repros/torch_foreach_inplace_partial.py``,
-worked around for the calls the package promotes by ``_engine/foreach_partial.py``."""
+TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
+    # DTensor runs an in-place _foreach_* op whose written list holds a Partial DTensor as a no-op (seen on 2.9.1,
+    # 2.10.0 and 2.11.0; right on 2.12.1, 2.13.0, 2.14.1 and 2.15.0): repros/torch_foreach_inplace_partial.py,
+    # worked around for the calls the package promotes by _engine/foreach_partial.py.
+    "inplace_foreach_on_partial_dropped": ((2, 9), (2, 10), (2, 11)),
+    # DTensor's stack with a negative dim normalizes it against the inputs' rank, not the output's, so an input
+    # split along a dim at or after the new one comes out labelled split along the dim after it: a wrong global
+    # shape (seen on 2.11.0; right on 2.12.1 and later): repros/torch_stack_negative_dim.py, worked around for the
+    # calls the package promotes by _engine/corrections.py (the dim made non-negative: the same op).
+    "stack_negative_dim_misplaced": ((2, 11),),
+}
+"""The defects of supported releases that the engine works around on those releases only: each one's name and
+the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
+supported release, so that this table stays what the releases do."""
+
+
+def has_defect(name: str, version: str) -> bool:
+    """Whether torch ``version`` has the defect ``name`` of ``TORCH_DEFECTS``."""
+    return release_of(version) in TORCH_DEFECTS[name]
 
 
 def drops_inplace_foreach_on_partial(version: str) -> bool:
     """Whether torch ``version`` runs in-place foreach ops into ``Partial`` DTensors as no-ops."""
-    return release_of(version) in INPLACE_FOREACH_ON_PARTIAL_DROPPED
+    return has_defect("inplace_foreach_on_partial_dropped", version)
