@@ -62,6 +62,7 @@ RUN_PER_FILE = {
     # a derived layout map (Mistral) on 2 ranks; a sharded checkpoint saved and loaded on 2 ranks; Llama3 with the
     # speed rules on 2 ranks; their outputs; the README's example
     "docs/keras.md": (3, 7),
+    "docs/gpu.md": (0, 0),  # its blocks need a GPU, or run the whole check (tests/project/test_gpu_check.py)
     "docs/performance.md": (0, 0),
     "docs/rules.md": (2, 5),  # register_rule, a rule pack's doctor (its two files and output)
     "docs/testing.md": (2, 3),  # run_on_ranks and its output, the pytest plugin
@@ -78,6 +79,10 @@ SKIPPED = {
     # installs torch 2.14.1 (several GB), then the layers that change with torch
     "# every minor release between the ends: 2.14.1 lies on this machine's disk (no wheel cache)",
     "bash tools/newest_torch.sh",  # asks the registry for its newest torch, downloads it, runs the suite
+    # the GPU check: on a CUDA machine with the wheels of tools/gpu_wheels.sh; on CPU (minutes), which
+    # tests/project/test_gpu_check.py runs
+    "# on the GPU machine: the wheels tools/gpu_wheels.sh made (DIR), then the check",
+    "# on CPU, as tests/project/test_gpu_check.py runs it",
     "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
     # replace Keras with keras-nightly in the environment they run in, then the Keras tests (~6 minutes)
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
