@@ -16,7 +16,7 @@ PACKAGE = ROOT / "src" / "keras_dtensor_mixfix"
 DOCS = ["README.md", "CONTRIBUTING.md"] + sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))
 README_MAX_LINES = 200
 PAGES = ["docs/keras.md", "docs/transformers.md", "docs/rules.md", "docs/architecture.md", "docs/performance.md",
-         "docs/troubleshooting.md", "docs/testing.md", "CONTRIBUTING.md"]
+         "docs/troubleshooting.md", "docs/testing.md", "docs/gpu.md", "CONTRIBUTING.md"]
 """What README.md's table links to: the pages the documentation is split into."""
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
