@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 """float32; two ranks add partial sums in another order than one process."""
-CPU_SDPA_SHARDED = ("not run on 2 cpu ranks: sdpa of Shard(0) q/k/v with a plain mask hung both gloo ranks in the "
-                    "forward (torch 2.13, found by this check, to investigate); values on one rank are row 2's")
+CPU_SDPA_SHARDED = ("not run on 2 cpu ranks: DTensor derives a strategy for CPU's flash attention by tracing its "
+                    "decomposition for every placement, minutes per shape with split q/k/v (torch 2.13, "
+                    "repros/torch_sdpa_cpu_sharding_search.py); values on one rank are row 2's")
 CPU_SDPA_BACKWARD = "grads not compared on cpu: DTensor has no sharding strategy for CPU SDPA's backward (torch)"
 KNOWN_TORCH_LIMITS = {
     ("embedding, plain ids", "Shard(dim=0)"): ("AssertionError", "torch 2.13: the vocabulary-split lookup's pending sum "
