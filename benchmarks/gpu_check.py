@@ -112,24 +112,23 @@ def _pattern_row(id: str, name: str, variants: Dict[str, Dict[str, str]], suffix
     return Row(id, f"{name} {suffix}", result, verdict)
 
 
+def _pattern_rows(family: str, title: str, suffix: str, device: str) -> List[Row]:
+    """Row ``family``'s patterns, each run in the family's own process, one row a pattern."""
+    try:
+        results = _in_family_process(family, device)
+    except Exception as exc:  # noqa: BLE001
+        return [_error_row(family, title, exc)]
+    return [_pattern_row(f"{family}.{n}", name, variants, suffix) for n, (name, variants) in enumerate(results.items(), 1)]
+
+
 def one_device_rows(device: str) -> List[Row]:
     """Row 2: each pattern on a one-device mesh, values and gradients vs the plain program."""
-    try:
-        results = _in_family_process("2", device)
-    except Exception as exc:  # noqa: BLE001
-        return [_error_row("2", "mixed-operand patterns, one-device mesh", exc)]
-    return [_pattern_row(f"2.{n}", name, variants, "(1-device mesh vs plain)")
-            for n, (name, variants) in enumerate(results.items(), 1)]
+    return _pattern_rows("2", "mixed-operand patterns, one-device mesh", "(1-device mesh vs plain)", device)
 
 
 def two_rank_rows(device: str) -> List[Row]:
     """Row 3: each pattern on two ranks sharing the device, Shard(0) and Shard(1), vs one process."""
-    try:
-        results = _in_family_process("3", device)
-    except Exception as exc:  # noqa: BLE001
-        return [_error_row("3", "mixed-operand patterns, 2 ranks", exc)]
-    return [_pattern_row(f"3.{n}", name, variants, "(2 ranks, gloo, vs 1 process)")
-            for n, (name, variants) in enumerate(results.items(), 1)]
+    return _pattern_rows("3", "mixed-operand patterns, 2 ranks", "(2 ranks, gloo, vs 1 process)", device)
 
 
 def _family_body(family: str, device: str) -> Any:
