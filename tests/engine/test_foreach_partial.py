@@ -1,7 +1,10 @@
-"""In-place ``_foreach_*`` calls the package promotes whose written rows are ``Partial`` DTensors.
+"""In-place calls the package promotes that torch 2.11's DTensor cannot run: ``_foreach_*`` into ``Partial`` rows,
+and ``index_put_``.
 
-torch 2.11's DTensor drops such writes (``repros/torch_foreach_inplace_partial.py``); the engine runs those
-calls exactly on that release (``_engine/foreach_partial.py``). Each case is compared with one process on
+torch 2.11's DTensor drops in-place foreach writes into ``Partial`` DTensors
+(``repros/torch_foreach_inplace_partial.py``) and has no strategy for ``index_put_``
+(``repros/torch_index_put_inplace.py``); the engine runs those calls exactly on that release
+(``_engine/foreach_partial.py``, ``_engine/corrections.py``). Each case is compared with one process on
 plain tensors: on every release as the release runs it, and with the exact form forced on every release,
 so that the form itself is proven wherever CI runs (1-D mesh on 2 ranks, (2, 2) on 4).
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _ranks import close, mesh_for
+from _ranks import close, mesh_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 
@@ -152,3 +155,49 @@ def refusals():
 
 def test_inplace_foreach_into_partial_rows_under_autograd_is_refused_with_advice():
     assert run_on_ranks(refusals, world_size=2) == ["ok", "ok"]
+
+
+def index_put_rows(world_size, forced):
+    """Mixed in-place index_put_ (``x[rows] = values``) into a DTensor and into a plain tensor; torch 2.11 has no
+    strategy for it and the engine runs it as index_put written back. Values equal one process."""
+    import keras_dtensor_mixfix as mf
+    from keras_dtensor_mixfix._engine import corrections
+    from keras_dtensor_mixfix._engine.caches import CACHES
+    from keras_dtensor_mixfix._torch.versions import has_defect
+    from torch.distributed.tensor import Replicate, Shard
+
+    exact = forced or has_defect("index_put_inplace_without_strategy", torch.__version__)
+    written = []
+    write_into = corrections.write_into
+    if forced:
+        corrections.has_defect = lambda name, version: name == "index_put_inplace_without_strategy" or has_defect(
+            name, version)
+        CACHES.clear()
+    corrections.write_into = lambda row, value: (written.append(row), write_into(row, value))
+    try:
+        m = mesh_for(world_size)
+        torch.manual_seed(3)
+        whole, rows, values = torch.randn(8, 4), torch.tensor([1, 6, 3]), torch.randn(3, 4)
+        expected = whole.index_put((rows,), values)
+        for placements in ([Replicate()] * m.ndim, [Replicate()] * (m.ndim - 1) + [Shard(1)]):
+            target = shard(whole, m, placements)
+            with mf.patched():
+                target[rows] = values  # plain index and values into a DTensor
+            close(target, expected, f"x[rows] = plain values, x {placements}")
+            assert tuple(target.placements) == tuple(placements), target.placements
+        plain = whole.clone()
+        with mf.patched():
+            plain.index_put_((rows,), shard(values, m, [Replicate()] * m.ndim))  # DTensor values into a plain tensor
+        close(plain, expected, "plain.index_put_(DTensor values)")
+        assert bool(written) == exact, len(written)
+    finally:
+        corrections.write_into = write_into
+        if forced:
+            corrections.has_defect = has_defect
+            CACHES.clear()
+    return "ok"
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["as_the_release_runs", "exact_form_forced"])
+def test_inplace_index_put_equals_one_process(world_size, forced):
+    assert run_on_ranks(index_put_rows, world_size, forced, world_size=world_size) == ["ok"] * world_size

@@ -36,6 +36,7 @@ import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 import torch_foreach_inplace_partial  # noqa: E402
 import torch_fused_sgd_dtensor  # noqa: E402
+import torch_index_put_inplace  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
 import torch_scatter_add_src_misaligned  # noqa: E402
@@ -153,6 +154,14 @@ def test_stack_along_a_negative_dim_of_inputs_split_along_their_last_dim():
            "parameters; the package's error for a mixed list names that refusal (docs/rules.md, Devices)")
 def test_fused_sgd_over_dtensor_parameters():
     _run_repro(torch_fused_sgd_dtensor.repro, "NotImplementedError", "_fused_sgd_", world_size=2)
+
+
+@torch_bug("DTensor has no sharding strategy for the in-place index_put_ (x[index] = values, Keras' "
+           "slice_update); the package runs the mixed calls as index_put written back, and Keras' slice_update on the "
+           "replicated values' local tensors (_engine/corrections.py, _keras/tensor_ops.py)",
+           broken=((2, 11),), fixed=((2, 12), (2, 13), (2, 14), (2, 15)))
+def test_inplace_index_put_of_dtensors():
+    _run_repro(torch_index_put_inplace.repro, "NotImplementedError", "index_put_", world_size=2)
 
 
 def _clip_two_meshes_patched():

@@ -26,6 +26,8 @@ come here.
 - ``stack`` with a negative ``dim`` on torch 2.11, whose DTensor normalizes it against the inputs' rank and
   labels an input split at or after it split one dim further (a wrong global shape;
   ``repros/torch_stack_negative_dim.py``): run with the dim made non-negative, the same op.
+- ``index_put_`` on torch 2.11, whose DTensor has no strategy for it (``index_put`` has one;
+  ``repros/torch_index_put_inplace.py``): ``index_put``, its value then written into ``self`` in place.
 - ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
   its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
   The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
@@ -45,6 +47,7 @@ from torch.distributed.tensor.placement_types import Replicate, Shard
 from .._torch.versions import has_defect, running_torch_version
 from . import foreach_partial
 from .construct import wrap
+from .write_back import write_into
 from .specs import contiguous_stride
 
 _MEAN = 1  # torch's Reduction enum: 0 none, 1 mean, 2 sum
@@ -180,6 +183,20 @@ def _put_by_mask(op: Call) -> Call:
     return index_put
 
 
+def _index_put_out_of_place(op: Call) -> Call:
+    """``index_put_`` on a DTensor as ``index_put`` (which has a strategy) written back into ``self``."""
+
+    def index_put_(*args: Any, **kwargs: Any) -> Any:
+        # index_put_(self, indices, values, accumulate=False)
+        if kwargs or not 3 <= len(args) <= 4 or not isinstance(args[0], DTensor):
+            return op(*args, **kwargs)
+        result = torch.ops.aten.index_put.default(*args)
+        write_into(args[0], result)
+        return args[0]
+
+    return index_put_
+
+
 def _stack_with_a_non_negative_dim(op: Call) -> Call:
     def stack(*args: Any, **kwargs: Any) -> Any:
         # stack(tensors, dim=0): a negative dim counts from the end of the output, one dim longer than the inputs
@@ -221,6 +238,8 @@ def corrected(name: str, call: Call) -> Optional[Call]:
     if make is None and name == "aten::stack.default" and has_defect("stack_negative_dim_misplaced",
                                                                       running_torch_version()):
         make = _stack_with_a_non_negative_dim
+    if name == "aten::index_put_.default" and has_defect("index_put_inplace_without_strategy", running_torch_version()):
+        return _put_by_mask(_index_put_out_of_place(call))  # a boolean mask's local form first, as on every release
     if make is None:
         return foreach_partial.corrected(name, call)  # only on the releases that need it
     return make(call)

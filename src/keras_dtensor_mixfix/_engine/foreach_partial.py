@@ -28,11 +28,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial, Replicate
+from torch.distributed.tensor.placement_types import Partial
 
 from .._rules.errors import promotion_error
 from .._torch.api import is_traced
 from .._torch.versions import drops_inplace_foreach_on_partial, running_torch_version
+from .write_back import write_into as _write_into
 
 Call = Callable[..., Any]
 
@@ -52,28 +53,6 @@ def _out_of_place(name: str) -> Optional[Any]:
         return None
     packet = getattr(torch.ops.aten, match.group(1), None)
     return None if packet is None else getattr(packet, match.group(2), None)
-
-
-def _write_into(row: Any, value: Any) -> None:
-    """Write ``value`` (the row's new value, a DTensor or a plain tensor) into the tensor ``row`` in place."""
-    if not isinstance(row, DTensor):
-        row.copy_(value.full_tensor() if isinstance(value, DTensor) else value)
-        return
-    spec = row._spec
-    mesh, placements = spec.mesh, tuple(spec.placements)
-    if isinstance(value, DTensor) and value._spec.mesh == mesh and tuple(value._spec.placements) == placements:
-        row._local_tensor.copy_(value._local_tensor)
-        return
-    held = [Replicate() if isinstance(p, Partial) else p for p in placements]
-    if not isinstance(value, DTensor):
-        value = DTensor.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
-    local = value.redistribute(mesh, held)._local_tensor
-    coordinate = mesh.get_coordinate()
-    for dim, placement in enumerate(placements):
-        if isinstance(placement, Partial) and placement.reduce_op == "sum" and coordinate[dim] != 0:
-            local = torch.zeros_like(local)
-            break
-    row._local_tensor.copy_(local)
 
 
 def corrected(name: str, call: Call) -> Optional[Call]:

@@ -4,7 +4,8 @@
   an in-place op whose strategy needs another placement ("in-place operations that require
   placement changes are not supported"), as for a prompt sharded on the batch axis (keras_hub's
   ``generate()``). A sharded input is made ``Replicate`` first, so the write is allowed; values
-  are unchanged and the (small) result is replicated.
+  are unchanged and the (small) result is replicated. On torch 2.11, whose DTensor has no strategy for
+  ``index_put_`` at all, the replicated values' local tensors are updated and wrapped again.
 - ``one_hot`` while compiling: DTensor has no strategy for the range check torch's ``one_hot`` makes
   when traced (keras_hub's Qwen MoE router); each rank encodes its own piece.
 """
@@ -37,13 +38,35 @@ OVERRIDE = Override(
 
 
 def _replicated_slice_update(original: Any) -> Any:
+    """Keras' ``slice_update`` with a sharded input made ``Replicate`` first; on a torch whose DTensor has no
+    strategy for ``index_put_`` (2.11: ``_torch.versions.TORCH_DEFECTS``), run on the whole values' local tensors
+    (every operand replicated: the same computation as one process) and wrapped as ``Replicate`` again."""
+    from .._torch.versions import has_defect, running_torch_version
+
+    on_local_values = has_defect("index_put_inplace_without_strategy", running_torch_version())
+
     @functools.wraps(original)
     def slice_update(inputs: Any, start_indices: Any, updates: Any) -> Any:
         from torch.distributed.tensor import DTensor, Replicate
 
-        if isinstance(inputs, DTensor) and any(not isinstance(p, Replicate) for p in inputs.placements):
-            inputs = inputs.redistribute(inputs.device_mesh, [Replicate()] * inputs.device_mesh.ndim)
-        return original(inputs, start_indices, updates)
+        if not isinstance(inputs, DTensor):
+            return original(inputs, start_indices, updates)
+        mesh = inputs.device_mesh
+        whole = [Replicate()] * mesh.ndim
+        if any(not isinstance(p, Replicate) for p in inputs.placements):
+            inputs = inputs.redistribute(mesh, whole)
+        if not on_local_values:
+            return original(inputs, start_indices, updates)
+
+        def local(value: Any) -> Any:
+            if isinstance(value, DTensor):
+                return value.redistribute(mesh, whole).to_local()
+            if isinstance(value, (list, tuple)):
+                return type(value)(local(item) for item in value)
+            return value
+
+        result = original(local(inputs), local(start_indices), local(updates))
+        return DTensor.from_local(result, mesh, whole, run_check=False)
 
     return slice_update
 
