@@ -83,6 +83,7 @@ SKIPPED = {
     # tests/project/test_gpu_check.py runs
     "# on the GPU machine: the wheels tools/gpu_wheels.sh made (DIR), then the check",
     "# on CPU, as tests/project/test_gpu_check.py runs it",
+    "# the one-command GPU check on CPU, as docs/gpu.md gives it",
     "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
     # replace Keras with keras-nightly in the environment they run in, then the Keras tests (~6 minutes)
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
@@ -336,7 +337,6 @@ def test_block_runs_as_written(block, tmp_path):
 CI_RUNS = {
     "# on the newest supported torch: everything",  # README.md, "Test"
     "# the oldest and the newest supported torch, as CI installs them (WHEELS: .ci/run's wheel cache)",
-    "# every minor release between the ends: 2.14.1 lies on this machine's disk (no wheel cache)",
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
     "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
 }
