@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.py on CPU, as docs/gpu.md runs it: exit 0 and every row family in its one table.
 
-Runs where keras_hub is importable (CI's keras_hub environment), where every row family must have run. About 3 to
-5 minutes on 2 cores.
+Runs where keras_hub is importable (CONTRIBUTING's keras_hub environment, by hand while CI's time does not allow
+it), where every row family must have run. About 3 to 5 minutes on 2 cores.
 """
 
 import importlib.util
@@ -23,8 +23,9 @@ def _has(name):
 
 
 @pytest.mark.skipif(not (_has("keras") and _has("keras_hub")),
-                    reason="runs in CI's keras_hub environment, where every row family runs (without keras_hub the "
-                           "Keras rows would only say skipped, and rows 1 to 3 repeat the engine's own tests)")
+                    reason="runs where keras_hub is installed (CONTRIBUTING's keras_hub environment, by hand), where every row "
+                           "family runs; without it the Keras rows would only say skipped, and rows 1 to 3 repeat the "
+                           "engine's own tests")
 def test_gpu_check_on_cpu():
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--device", "cpu",
                            "--size", "small"], capture_output=True, text=True, timeout=900,
