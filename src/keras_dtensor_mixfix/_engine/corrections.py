@@ -47,8 +47,8 @@ from torch.distributed.tensor.placement_types import Replicate, Shard
 from .._torch.versions import has_defect, running_torch_version
 from . import foreach_partial
 from .construct import wrap
-from .write_back import write_into
 from .specs import contiguous_stride
+from .write_back import write_into
 
 _MEAN = 1  # torch's Reduction enum: 0 none, 1 mean, 2 sum
 _SUM = 2
@@ -232,15 +232,22 @@ _CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
 }
 
 
+_ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
+    # op: (the _torch.versions.TORCH_DEFECTS entry that calls for it, the correction)
+    "aten::stack.default": ("stack_negative_dim_misplaced", _stack_with_a_non_negative_dim),
+    # a boolean mask's local form first, as on every release
+    "aten::index_put_.default": ("index_put_inplace_without_strategy",
+                                 lambda op: _put_by_mask(_index_put_out_of_place(op))),
+}
+"""Corrections installed only on the torch releases that have the defect they work around."""
+
+
 def corrected(name: str, call: Call) -> Optional[Call]:
     """The correcting replacement of ``call`` (the op ``name``, e.g. ``aten::nll_loss_forward.default``), or None."""
+    on_defect = _ON_RELEASES_WITH.get(name)
+    if on_defect is not None and has_defect(on_defect[0], running_torch_version()):
+        return on_defect[1](call)
     make = _CORRECTIONS.get(name)
-    if make is None and name == "aten::stack.default" and has_defect("stack_negative_dim_misplaced",
-                                                                      running_torch_version()):
-        make = _stack_with_a_non_negative_dim
-    if name == "aten::index_put_.default" and has_defect("index_put_inplace_without_strategy", running_torch_version()):
-        return _put_by_mask(_index_put_out_of_place(call))  # a boolean mask's local form first, as on every release
     if make is None:
         return foreach_partial.corrected(name, call)  # only on the releases that need it
     return make(call)
-
