@@ -74,7 +74,7 @@ def test_pyproject_versions_ci_and_readme_agree_on_the_torch_range():
     ci = (ROOT / ".ci" / "run").read_text()
     ci_oldest = re.search(r'^OLDEST_TORCH="(\d+\.\d+)\.\d+"$', ci, re.M)
     ci_newest = re.search(r'^NEWEST_TORCH="(\d+\.\d+)\.\d+"$', ci, re.M)
-    assert ci_oldest and ci_oldest.group(1) == oldest, "CI runs the whole suite on the oldest supported release"
+    assert ci_oldest and ci_oldest.group(1) == oldest, "CI runs the release layers on the oldest supported release"
     assert ci_newest and ci_newest.group(1) == newest, "CI runs the whole suite on the newest supported release"
     readme = (ROOT / "README.md").read_text()
     assert f"torch {oldest} to {newest}" in readme
@@ -90,6 +90,11 @@ def test_every_supported_minor_release_is_run_and_the_repros_name_each():
     section = contributing[contributing.index("### The supported torch range"):contributing.index("### Keras 3.16")]
     named = {tuple(int(p) for p in m.split(".")[:2]) for m in re.findall(r"\b(2\.\d+)\.\d+\b", section)}
     assert every <= named, f"CONTRIBUTING's torch range names no environment for {sorted(every - named)}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    phases = re.findall(r'^phase "(?:suite, )?torch ([^ "]+)', ci, re.M)
+    variables = dict(re.findall(r'^(\w+_TORCH)="([\d.]+)"', ci, re.M))
+    run = {tuple(int(p) for p in variables.get(name.strip("${}"), name).split(".")[:2]) for name in phases}
+    assert every <= run, f".ci/run has no phase for torch {sorted(every - run)}"
     sys.path.insert(0, str(ROOT / "tests" / "patterns"))
     try:
         import test_torch_repros
