@@ -248,7 +248,15 @@ def _assert_equal(got, want):
         np.testing.assert_allclose(trained, reference, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
+# The (2, 2) mesh on Keras 3.15 and later only, as test_keras.py's test_jit_compile: before 3.15 TorchDynamo breaks
+# the graph at every Keras op, and 4 ranks compiling each small graph on 2 cores cost minutes; the (1, 2) mesh runs
+# the same code path there, and the Keras 3.16 environment runs (2, 2)
+@pytest.mark.parametrize("world_size, mesh_shape", [
+    (2, (1, 2)),
+    pytest.param(4, (2, 2), marks=pytest.mark.skipif(
+        not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op: minutes on 4 ranks; the (1, 2) mesh "
+                                          "runs the same code path here, (2, 2) runs on Keras 3.16"))],
+    ids=["1x2", "2x2"])
 def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
     per_layer = run_on_ranks(compiled_run, mesh_shape, "layer", world_size=world_size, timeout=600)
     reference = _one_process(per_layer[0]["initial"])
