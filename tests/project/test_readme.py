@@ -72,7 +72,7 @@ RUN_PER_FILE = {
 """What each documentation file runs and checks. A block added or removed changes this too."""
 
 SKIPPED = {
-    # the whole suite (~15 minutes) as CI runs it on the newest torch, and what changes with torch on the others
+    # the whole suite (~35 minutes on 2 cores) as CI runs it on the newest torch, and what changes with torch on the others
     "# on the newest supported torch: everything",
     # installs torch's registry build (several GB; CI keeps the wheels)
     "# the supported torch releases from the registry, as CI installs them (WHEELS: .ci/run's wheel cache)",
