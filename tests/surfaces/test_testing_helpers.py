@@ -53,6 +53,33 @@ def test_a_rank_that_raises_is_reported_with_its_traceback_and_workers_restart()
     assert [pid for pid, _ in after] != before and [n for _, n in after] == [1, 1]  # fresh workers
 
 
+def sum_of_ranks_over_a_mesh():
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from keras_dtensor_mixfix.testing import mesh, rank
+
+    total = torch.tensor([float(rank())])
+    dist.all_reduce(total)
+    whole = distribute_tensor(torch.arange(4.0), mesh(), [Shard(0)]).redistribute(mesh(), [Replicate()]).to_local()
+    return os.getpid(), total.item(), whole.tolist()
+
+
+def test_the_repros_helper_keeps_the_workers_on_a_new_process_group_after_a_failure():
+    from keras_dtensor_mixfix.testing import _run_on_ranks_rejoining
+
+    before = run_on_ranks(sum_of_ranks_over_a_mesh, world_size=2)
+    with pytest.raises(RankError) as info:
+        _run_on_ranks_rejoining(fail_on_rank, [0, 1], world_size=2)
+    assert set(info.value.failures) == {0, 1}
+    after = run_on_ranks(sum_of_ranks_over_a_mesh, world_size=2)
+    assert [pid for pid, _, _ in after] == [pid for pid, _, _ in before]  # the same workers
+    assert [(total, whole) for _, total, whole in after] == [(1.0, [0.0, 1.0, 2.0, 3.0])] * 2  # a working group
+    with pytest.raises(RankError):  # run_on_ranks itself still restarts them
+        run_on_ranks(fail_on_rank, [1], world_size=2)
+    assert [pid for pid, _, _ in run_on_ranks(sum_of_ranks_over_a_mesh, world_size=2)] != [pid for pid, _, _ in after]
+
+
 def tensor_that_requires_grad():
     import torch
 
