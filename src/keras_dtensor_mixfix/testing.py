@@ -125,11 +125,18 @@ def _rejoin_group(port: int) -> bool:
     # graphs compiled on the old group name its groups; a new cache directory keeps them from the new group
     # (inside the pool's own directory, which the pool removes when it closes)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rejoined-", dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    _join_group(port)
+    return True
+
+
+def _join_group(port: int) -> None:
+    """Join this worker's gloo process group on ``port`` (its rank and size: ``_worker_identity``)."""
+    import torch.distributed as dist
+
     os.environ["MASTER_PORT"] = str(port)
     rank, size = _worker_identity
     dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=_COLLECTIVE_TIMEOUT_S))
-    return True
 
 
 def _pickled(fn: Callable[..., Any], value: Any) -> bytes:
@@ -151,15 +158,11 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
     global _worker_identity
     _worker_identity = (rank, size)
     os.environ["MASTER_ADDR"] = LOOPBACK
-    os.environ["MASTER_PORT"] = str(port)
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # several ranks share two cores
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank, world_size=size,
-        timeout=datetime.timedelta(seconds=_COLLECTIVE_TIMEOUT_S),
-    )
+    _join_group(port)
     results.put(("ready", rank, True, None))
     while True:
         try:

@@ -252,15 +252,11 @@ def _assert_equal(got, want):
 # On Keras 3.15 and later only: before 3.15 TorchDynamo breaks the graph at every Keras op (so a block is no one
 # graph), and ranks compiling each small graph on 2 cores cost minutes; test_keras.py's test_jit_compile runs the
 # per-block compile there, and the Keras 3.16 environment runs both meshes here
-@pytest.mark.parametrize("world_size, mesh_shape", [
-    pytest.param(2, (1, 2), marks=pytest.mark.skipif(
-        not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as one graph "
-                                          "each (what this test counts); test_keras.py's test_jit_compile runs the "
-                                          "per-block compile there, this test runs on Keras 3.16")),
-    pytest.param(4, (2, 2), marks=pytest.mark.skipif(
-        not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op: minutes on 4 ranks; the (1, 2) mesh "
-                                          "runs the same code path here, (2, 2) runs on Keras 3.16"))],
-    ids=["1x2", "2x2"])
+@pytest.mark.skipif(not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
+                                                      "one graph each (what this test counts) and 4 ranks take minutes; "
+                                                      "test_keras.py's test_jit_compile runs the per-block compile there, "
+                                                      "this test runs on Keras 3.16")
+@pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
 def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
     per_layer = run_on_ranks(compiled_run, mesh_shape, "layer", world_size=world_size, timeout=600)
     reference = _one_process(per_layer[0]["initial"])
@@ -268,9 +264,8 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
         _assert_equal(out, reference)
         assert not out["warnings"], (rank, out["warnings"])
     assert per_layer[0]["graphs_after_direct"] == per_layer[0]["graphs"]
-    if KERAS_OPS_TRACE_WHOLE:
-        # one block graph for training, one for evaluate and predict (no gradient): not one per block
-        assert per_layer[0]["graphs"] == 2, per_layer[0]["graphs"]
+    # one block graph for training, one for evaluate and predict (no gradient): not one per block
+    assert per_layer[0]["graphs"] == 2, per_layer[0]["graphs"]
     assert per_layer[0]["replaced_calls"] == BLOCKS and per_layer[0]["replaced_calls_after_uninstall"] == 0
 
 
