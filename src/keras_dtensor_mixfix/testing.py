@@ -115,13 +115,14 @@ def _rejoin_group(port: int) -> bool:
     Nothing a failed call left in flight (a message one rank sent that another never received) can reach a later
     call over the new group's connections. Meshes built on the old group are retired; :func:`mesh` builds new ones.
     """
-    import torch
     import torch.distributed as dist
+
+    from ._torch.api import reset_compiled_code
 
     dist.destroy_process_group()
     _retired_meshes.extend(_worker_meshes.values())
     _worker_meshes.clear()
-    torch._dynamo.reset()
+    reset_compiled_code()
     # graphs compiled on the old group name its groups; a new cache directory keeps them from the new group
     # (inside the pool's own directory, which the pool removes when it closes)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rejoined-", dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
