@@ -10,8 +10,9 @@ torch's message names the pattern and asks the caller to ``.detach()`` the outpu
 a library cannot do for code it compiles: a graph break after ``m = x.amax(-1)`` makes ``m`` an output of the
 graph before the break, and the code after it uses ``m`` without a gradient (keras_hub Gemma3n; GPT-OSS's
 attention sinks until the Keras integration kept Keras' ``max`` from breaking the graph).
-pytorch/pytorch#172556. Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved;
-``aot_eager`` is enough to show it.
+pytorch/pytorch#172556. Seen on torch 2.12.1, 2.13.0 and 2.15.0 (on 2.11.0 AOTAutograd refuses the same tangent
+as a subclass whose metadata it guessed wrong). No keras_dtensor_mixfix involved; ``aot_eager`` is enough to show
+it.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_compile_dtensor_output_without_gradient.py``
 (exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.

@@ -5,7 +5,7 @@ The loss is a composite (products summed over the feature dim, their norms, a co
 ``Shard(1)`` the result differs from one process on every reduction ("mean": 2.040 against 1.290 in the op sweep's
 sample). Split along the batch (``Shard(0)``) it is right.
 
-Seen on torch 2.12.1, 2.13.0 and 2.15.0; no keras_dtensor_mixfix involved. The package cannot
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0; no keras_dtensor_mixfix involved. The package cannot
 refuse it: the composite reaches DTensor as its elementwise steps, none of them mixed in a way the package sees as
 this loss (docs/rules.md, "Ops DTensor gets wrong", lists it as a gap).
 

@@ -6,7 +6,7 @@ A checkpoint saved by ranks holding pieces stores each piece as its own item, so
 than the pieces; one saved by a single process (or from a replicated tensor) stores each weight as one item, and
 every rank of the loading job then reads and holds the whole weight for a moment.
 
-Seen on torch 2.12.1, 2.13.0 and 2.15.0; no keras_dtensor_mixfix involved. keras_dtensor_mixfix.checkpoint uses
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0; no keras_dtensor_mixfix involved. keras_dtensor_mixfix.checkpoint uses
 DCP as it is (docs/keras.md, "Saving, loading and memory" says what a rank holds while loading).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dcp_load_reads_whole_saved_tensor.py``

@@ -6,7 +6,7 @@ a tensor (``int(offsets[0])``): a data-dependent read, so ``torch.compile(fullgr
 specialized integer from data-dependent expression u0"), and without ``fullgraph`` the graph breaks
 there ("Data dependent operator", ``Tensor.item()``). Values are right either way.
 
-Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved.
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved.
 It matters inside Keras: a break under Keras' ``name_scope`` context manager cannot be taken gracefully,
 so TorchDynamo throws the frame away and traces again from the frames inside it; in a compiled
 keras_hub step (the accuracy metric's argmax over vocabulary-split logits, and the same offset read in

@@ -5,7 +5,7 @@ no sharding strategy for: TorchDynamo fails the node ("Operator aten._assert_asy
 a sharding strategy registered"), so ``fullgraph=True`` raises and without it the graph breaks. Eager
 ``one_hot`` of the same DTensor works.
 
-Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved.
+Seen on torch 2.12.1, 2.13.0 and 2.15.0; not on 2.11.0. No keras_dtensor_mixfix involved.
 keras_hub's Qwen MoE router calls Keras' ``one_hot`` on its expert choices; compiled under
 ``ModelParallel`` the break happened inside Keras' ``name_scope``, the model was traced again, and a
 split graph returning a view of its DTensor input then failed in AOTAutograd ("as_strided not

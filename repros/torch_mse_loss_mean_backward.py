@@ -6,7 +6,7 @@ piece: on 2 even shards every gradient is twice the one-process gradient, silent
 ``huber_loss``, ``smooth_l1_loss``, ``soft_margin_loss`` and ``binary_cross_entropy``; their forward, which
 averages the ranks' own means (``Partial("avg")``), is also wrong when the shards are uneven.
 
-Seen on torch 2.12.1, 2.13.0 and 2.15.0, every operand a DTensor; no keras_dtensor_mixfix
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, every operand a DTensor; no keras_dtensor_mixfix
 involved. keras_dtensor_mixfix computes the mixed calls (a plain target, as torch would otherwise refuse) as the
 sum over the global element count, forward and backward (``_engine/corrections.py``).
 

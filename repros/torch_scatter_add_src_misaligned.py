@@ -6,7 +6,7 @@ the index has ``self``'s size on ``d``, and splits ``src`` along ``d`` as well w
 strategy of ``scatter`` checks it). ``scatter_add`` reads only the first ``index.size(d)`` rows of ``src``; a
 larger ``src`` split over the ranks hands rank 1 other rows than those.
 
-Seen on torch 2.12.1, 2.13.0 and 2.15.0, every operand a DTensor; no keras_dtensor_mixfix
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, every operand a DTensor; no keras_dtensor_mixfix
 involved. keras_dtensor_mixfix refuses the mixed call and says to narrow ``src`` (``_rules/builtin_pack.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_scatter_add_src_misaligned.py`` (exits 1

@@ -28,6 +28,14 @@ come here.
   ``repros/torch_stack_negative_dim.py``): run with the dim made non-negative, the same op.
 - ``index_put_`` on torch 2.11, whose DTensor has no strategy for it (``index_put`` has one;
   ``repros/torch_index_put_inplace.py``): ``index_put``, its value then written into ``self`` in place.
+- ``index_put`` into a ``self`` split along a dim the indices index on torch 2.11, whose DTensor keeps the split
+  and writes global indices into each rank's piece (``repros/torch_index_put_split_self.py``): ``self`` replicated
+  along those mesh dims for the call, the result split back as ``self`` was.
+- ``binary_cross_entropy_with_logits``, ``index_add`` and ``index_copy`` (each in place too) on torch 2.11, whose
+  DTensor has no strategy for them (``repros/torch_no_decomposition_strategy.py``): the loss by its elementwise
+  formula (the one torch's decomposition uses, with ``-logsigmoid(x)`` as ``relu(-x) + log1p(exp(-|x|))``), every op
+  of it one DTensor has; the index ops on each rank's whole local values (operands replicated first where they are
+  not; 2.11 runs the out-of-place ones on split pieces).
 - ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
   its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
   The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
@@ -183,20 +191,6 @@ def _put_by_mask(op: Call) -> Call:
     return index_put
 
 
-def _index_put_out_of_place(op: Call) -> Call:
-    """``index_put_`` on a DTensor as ``index_put`` (which has a strategy) written back into ``self``."""
-
-    def index_put_(*args: Any, **kwargs: Any) -> Any:
-        # index_put_(self, indices, values, accumulate=False)
-        if kwargs or not 3 <= len(args) <= 4 or not isinstance(args[0], DTensor):
-            return op(*args, **kwargs)
-        result = torch.ops.aten.index_put.default(*args)
-        write_into(args[0], result)
-        return args[0]
-
-    return index_put_
-
-
 def _stack_with_a_non_negative_dim(op: Call) -> Call:
     def stack(*args: Any, **kwargs: Any) -> Any:
         # stack(tensors, dim=0): a negative dim counts from the end of the output, one dim longer than the inputs
@@ -206,6 +200,119 @@ def _stack_with_a_non_negative_dim(op: Call) -> Call:
         return op(tensors, dim + tensors[0].dim() + 1)
 
     return stack
+
+
+def _index_put_on_a_replicated_self(op: Call) -> Call:
+    """``index_put`` with ``self`` replicated along the mesh dims that split a dim the indices index, and split
+    ``values`` replicated, then the result split back as ``self`` was: torch 2.11's DTensor keeps such a split of
+    ``self`` (or splits ``self`` to follow split values) and indexes each piece with the global indices."""
+
+    def index_put(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) < 3 or not isinstance(args[0], DTensor) or not isinstance(args[1], (list, tuple)):
+            return op(*args, **kwargs)
+        tensor, indices, values, *rest = args
+        indexed = len(indices)
+        placements = tuple(tensor.placements)
+        whole = tuple(Replicate() if isinstance(p, Shard) and p.dim % tensor.ndim < indexed else p
+                      for p in placements)
+        split_values = isinstance(values, DTensor) and any(isinstance(p, Shard) for p in values.placements)
+        if whole == placements and not split_values:
+            return op(*args, **kwargs)
+        mesh = tensor.device_mesh
+        if split_values:  # 2.11 would split self to follow them, along the indexed dims too
+            values = values.redistribute(mesh, [Replicate()] * mesh.ndim)
+        result = op(tensor.redistribute(mesh, whole), indices, values, *rest)
+        return result.redistribute(mesh, placements)
+
+    return index_put
+
+
+def _index_put_correcting_a_split_self(op: Call) -> Call:
+    """``index_put`` on torch 2.11: a boolean mask's local form first (as on every release), then a split self
+    replicated for the call."""
+    return _put_by_mask(_index_put_on_a_replicated_self(op))
+
+
+def _index_put_in_place_on_2_11(op: Call) -> Call:
+    """``index_put_`` / ``_index_put_impl_`` on torch 2.11: a boolean mask's local form first, then ``index_put``
+    (itself corrected for a split self) written back into ``self``."""
+    out_of_place = _index_put_on_a_replicated_self(torch.ops.aten.index_put.default)
+
+    def index_put_(*args: Any, **kwargs: Any) -> Any:
+        # index_put_(self, indices, values, accumulate=False) and _index_put_impl_(..., accumulate, unsafe)
+        if kwargs or not 3 <= len(args) <= 5 or not isinstance(args[0], DTensor):
+            return op(*args, **kwargs)
+        write_into(args[0], out_of_place(*args[:4]))
+        return args[0]
+
+    return _put_by_mask(index_put_)
+
+
+def _softplus_of_negative(x: Any) -> Any:
+    """``-logsigmoid(x)`` = ``relu(-x) + log1p(exp(-|x|))``, from ops DTensor has a strategy for on every release."""
+    aten = torch.ops.aten
+    negative = aten.neg.default(x)
+    return aten.add.Tensor(aten.clamp_min.default(negative, 0),
+                           aten.log1p.default(aten.exp.default(aten.neg.default(aten.abs.default(x)))))
+
+
+def _binary_cross_entropy_with_logits_by_formula(op: Call) -> Call:
+    """``binary_cross_entropy_with_logits`` of DTensors by its elementwise formula, for a torch whose DTensor has no
+    strategy for it (2.11); the mean over split operands then as everywhere (``_elementwise_mean_as_sum``)."""
+    aten = torch.ops.aten
+
+    def loss(*args: Any, **kwargs: Any) -> Any:
+        # (self, target, weight=None, pos_weight=None, reduction=mean)
+        if kwargs or not 2 <= len(args) <= 5 or not any(isinstance(a, DTensor) for a in args[:4]):
+            return op(*args, **kwargs)
+        # torch leaves out trailing arguments equal to their defaults
+        input, target, weight, pos_weight, reduction = tuple(args) + (None, None, _MEAN)[len(args) - 2:]
+        negative_log_sigmoid = _softplus_of_negative(input)
+        if pos_weight is not None:
+            # log_weight = (pos_weight - 1) * target + 1
+            log_weight = aten.add.Tensor(aten.mul.Tensor(aten.sub.Tensor(pos_weight, 1), target), 1)
+            negative_log_sigmoid = aten.mul.Tensor(log_weight, negative_log_sigmoid)
+        elementwise = aten.add.Tensor(aten.mul.Tensor(aten.rsub.Scalar(target, 1), input), negative_log_sigmoid)
+        if weight is not None:
+            elementwise = aten.mul.Tensor(elementwise, weight)
+        if reduction == _SUM:
+            return aten.sum.default(elementwise)
+        if reduction == _MEAN:
+            return aten.mean.default(elementwise)
+        return elementwise
+
+    return _elementwise_mean_as_sum(4, (0, 1))(loss)
+
+
+def _index_op_on_whole_operands(op: Call) -> Call:
+    """``index_add`` / ``index_copy`` (out of place or in place) of DTensors on one mesh as each rank's whole local
+    values: the operands replicated first where they are not, the result laid out as ``self`` was (torch 2.11's
+    DTensor has no strategy for the in-place ops and runs the out-of-place ones on split pieces)."""
+
+    def index_op(*args: Any, **kwargs: Any) -> Any:
+        # index_add(self, dim, index, source, *, alpha=1), index_copy(self, dim, index, source): every tensor
+        # operand a DTensor after the promotion
+        if len(args) != 4 or set(kwargs) - {"alpha"}:
+            return op(*args, **kwargs)
+        tensor, dim, index, source = args
+        if not all(isinstance(t, DTensor) and t.device_mesh == tensor.device_mesh for t in (tensor, index, source)):
+            return op(*args, **kwargs)
+        mesh = tensor.device_mesh
+        whole = (Replicate(),) * mesh.ndim
+
+        def replicated(t: Any) -> Any:
+            return t if all(isinstance(p, Replicate) for p in t.placements) else t.redistribute(mesh, whole)
+
+        own, index, source = replicated(tensor), replicated(index), replicated(source)
+        local = op(own._local_tensor, dim, index._local_tensor, source._local_tensor, **kwargs)
+        if local is own._local_tensor:  # in place
+            if own is not tensor:
+                write_into(tensor, own)
+            return tensor
+        result = wrap(local, mesh, whole, tuple(tensor.shape), tuple(local.stride()), local.dtype)
+        return result if own is tensor else result.redistribute(mesh, tensor.placements)
+
+    return index_op
 
 
 _CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
@@ -236,8 +343,15 @@ _ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
     # op: (the _torch.versions.TORCH_DEFECTS entry that calls for it, the correction)
     "aten::stack.default": ("stack_negative_dim_misplaced", _stack_with_a_non_negative_dim),
     # a boolean mask's local form first, as on every release
-    "aten::index_put_.default": ("index_put_inplace_without_strategy",
-                                 lambda op: _put_by_mask(_index_put_out_of_place(op))),
+    "aten::index_put_.default": ("index_put_inplace_without_strategy", _index_put_in_place_on_2_11),
+    "aten::index_put.default": ("index_put_split_self_misplaced", _index_put_correcting_a_split_self),
+    "aten::_index_put_impl_.default": ("index_put_split_self_misplaced", _index_put_in_place_on_2_11),
+    "aten::binary_cross_entropy_with_logits.default": ("no_strategy_from_decomposition",
+                                                       _binary_cross_entropy_with_logits_by_formula),
+    "aten::index_add.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
+    "aten::index_add_.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
+    "aten::index_copy.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
+    "aten::index_copy_.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
 }
 """Corrections installed only on the torch releases that have the defect they work around."""
 

@@ -69,6 +69,24 @@ def _convolution_split_wrongly(call: MixedCall) -> bool:
             or any(d >= 2 for d in _split_dims(weight)))
 
 
+def _convolution_weight_grad_overcounted(call: MixedCall) -> bool:
+    """torch 2.11: a weight or bias gradient will be asked for, and the input is not split along its batch on the
+    first mesh dim alone, where 2.11's DTensor labels the weight and bias gradients ``Partial`` whatever the
+    layout (repros/torch_conv_weight_grad_partial.py)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    input, weight = call.args[:2]
+    bias = call.args[2] if len(call.args) > 2 else None
+    if not torch.is_grad_enabled() or not any(getattr(t, "requires_grad", False) for t in (weight, bias)):
+        return False
+    if not isinstance(input, DTensor) or input.ndim != weight.ndim:
+        return True
+    first, *rest = input.placements
+    return not (isinstance(first, Shard) and first.dim % input.ndim == 0
+                and all(isinstance(p, Replicate) for p in rest))
+
+
 def _scatter_dims(call: MixedCall) -> Any:
     """(self, the scatter dim normalized, index, src) of a ``scatter_add(self, dim, index, src)`` call."""
     self, dim, index, src = call.args[:4]
@@ -182,19 +200,43 @@ KNOWN_WRONG_IN_DTENSOR = {
 }
 
 
+KNOWN_WRONG_ON_RELEASES_WITH = {
+    # op: (the _torch.versions.TORCH_DEFECTS entry, condition, what is wrong, what to do)
+    "aten::convolution": (
+        "conv_weight_grad_partial",
+        _convolution_weight_grad_overcounted,
+        "torch 2.11's DTensor labels a convolution's weight and bias gradients Partial (summed over the ranks of "
+        "the first mesh dim) whatever the input's layout, so with an input that is not split along its batch on "
+        "that mesh dim alone they come out multiplied by the ranks that computed the same values",
+        "Upgrade to torch 2.12 or later; or split the input along its batch (dim 0) on the first mesh dim and "
+        "replicate it on the others (x.redistribute(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1))); or run "
+        "the convolution on plain tensors (x.full_tensor(), weight.full_tensor())."),
+}
+"""Calls DTensor computes wrongly on some releases only: refused there (``refuse_known_wrong``)."""
+
+
 def refuse_known_wrong(call: MixedCall) -> Optional[str]:
     """Raise for calls DTensor computes wrongly; otherwise leave the decision to the default (None)."""
+    from .._torch.versions import has_defect, running_torch_version
     from .errors import promotion_error
 
-    condition, what, advice = KNOWN_WRONG_IN_DTENSOR[packet_name(call.op)]
-    if condition(call):
-        operand = call.plain[0] if call.plain else None
-        raise promotion_error(
-            op_key(call.op),
-            f"{what} (torch 2.13, measured by the op sweep); promoting the plain operand would hide that",
-            operand_label=operand.label if operand else None, operand=operand.tensor if operand else None,
-            peers=call.peers, advice=advice, rule_advice=False,
-        )
+    name = packet_name(call.op)
+    refusals = []
+    if name in KNOWN_WRONG_IN_DTENSOR:
+        condition, what, advice = KNOWN_WRONG_IN_DTENSOR[name]
+        refusals.append((condition, f"{what} (torch 2.13, measured by the op sweep)", advice))
+    if name in KNOWN_WRONG_ON_RELEASES_WITH:
+        defect, condition, what, advice = KNOWN_WRONG_ON_RELEASES_WITH[name]
+        if has_defect(defect, running_torch_version()):
+            refusals.append((condition, what, advice))
+    for condition, what, advice in refusals:
+        if condition(call):
+            operand = call.plain[0] if call.plain else None
+            raise promotion_error(
+                op_key(call.op), f"{what}; promoting the plain operand would hide that",
+                operand_label=operand.label if operand else None, operand=operand.tensor if operand else None,
+                peers=call.peers, advice=advice, rule_advice=False,
+            )
     return None
 
 
@@ -206,8 +248,9 @@ def refuse_known_wrong_else_parameters_whole(call: MixedCall) -> Any:
 
 @hookimpl
 def register_rules(register: Callable[[Any, Any], Any]) -> None:
-    for op in sorted(set(PARAMETER_OPS) | set(KNOWN_WRONG_IN_DTENSOR)):
-        if op in KNOWN_WRONG_IN_DTENSOR:
+    refused = set(KNOWN_WRONG_IN_DTENSOR) | set(KNOWN_WRONG_ON_RELEASES_WITH)
+    for op in sorted(set(PARAMETER_OPS) | refused):
+        if op in refused:
             rule = refuse_known_wrong_else_parameters_whole if op in PARAMETER_OPS else refuse_known_wrong
         else:
             rule = parameters_are_whole

@@ -3,11 +3,10 @@
 Kept free of torch imports: auto-activation consults it while ``import torch`` is still running.
 
 Three answers for a release: inside the range (supported); older than ``OLDEST_TORCH`` (not supported: torch
-2.11.0 fails 20 of the tests of the layers that meet torch, its DTensor lacking strategies the package's
-promotions rely on, see ``TORCH_DEFECTS`` and docs/troubleshooting.md; 2.9.1 calls a dispatch rule that returns
-``NotImplemented`` again instead of falling back to DTensor; 2.10 was not checked); newer than ``NEWEST_TORCH`` (refused
-unless the user opts in, and then only if the built-in self-check of every torch internal the package
-uses passes: see ``selfcheck``).
+2.9.1 calls a dispatch rule that returns ``NotImplemented`` again instead of falling back to DTensor, and 2.9 to 2.11
+drop in-place foreach writes into ``Partial`` DTensors, worked around on 2.11 only; 2.10 was not checked); newer than
+``NEWEST_TORCH`` (refused unless the user opts in, and then only if the built-in self-check of every torch internal
+the package uses passes: see ``selfcheck``).
 
 Also here, the defects of supported releases that the engine works around on those releases only, each
 tied to the releases it was seen on.
@@ -19,8 +18,8 @@ import re
 import sys
 from typing import Dict, Optional, Tuple
 
-OLDEST_TORCH: Tuple[int, int] = (2, 12)
-"""Oldest supported torch (major, minor); CI runs the layers that meet torch on it (2.12.1)."""
+OLDEST_TORCH: Tuple[int, int] = (2, 11)
+"""Oldest supported torch (major, minor); CI runs the layers that meet torch on it (2.11.0)."""
 NEWEST_TORCH: Tuple[int, int] = (2, 15)
 """Newest torch minor release the suite was run on (CI runs it on 2.15.0)."""
 
@@ -86,14 +85,13 @@ def unsupported_reason(version: str) -> Optional[str]:
               "internals checked only on those releases (see keras_dtensor_mixfix._torch.api)")
     if kind == NEWER:
         return f"{reason}; {ALLOW_NEWER_HINT}"
-    return (f"{reason}; releases before {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} are never supported (torch 2.11's DTensor "
-            "lacks strategies the package's promotions rely on, and drops in-place foreach writes into Partial "
-            "DTensors; 2.9 calls a dispatch rule that declines a call again instead of falling back to DTensor)")
+    return (f"{reason}; releases before {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} are never supported (torch 2.9 and 2.10 "
+            "drop in-place foreach writes into Partial DTensors; 2.9 calls a dispatch rule that declines a call again "
+            "instead of falling back to DTensor)")
 
 
-# torch 2.11 (the GPU machines' release) is the next release to bring into the range: these are its defects found
-# so far, each worked around where the package promotes a call; the rest of what fails there is in
-# docs/troubleshooting.md ("Known torch limitations").
+# The defects of torch 2.11, the oldest supported release, that the package meets where it promotes a call; the
+# rest of what 2.11's DTensor cannot do (with or without the package) is in docs/troubleshooting.md.
 TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # DTensor runs an in-place _foreach_* op whose written list holds a Partial DTensor as a no-op (seen on 2.9.1,
     # 2.10.0 and 2.11.0; right on 2.12.1, 2.13.0, 2.14.1 and 2.15.0): repros/torch_foreach_inplace_partial.py,
@@ -108,6 +106,24 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # 2.11.0 (keras_hub's generate writes its cache with it); there on 2.12.1 and later. Worked around for the calls
     # the package promotes by _engine/corrections.py (index_put, then its value written into self in place).
     "index_put_inplace_without_strategy": ((2, 11),),
+    # DTensor's index_put into a self split along a dim the indices index keeps that split when the values have as
+    # many dims as self (they broadcast), so each rank writes global indices into its own piece: an IndexError, a
+    # shape mismatch, or a silently wrong row (seen on 2.11.0; right on 2.12.1 and later):
+    # repros/torch_index_put_split_self.py, worked around for the calls the package promotes by
+    # _engine/corrections.py (self replicated along those dims for the call, the result split back).
+    "index_put_split_self_misplaced": ((2, 11),),
+    # DTensor has no sharding strategy for ops that 2.12 and later derive from their decompositions
+    # (binary_cross_entropy_with_logits, index_add_, index_copy_, ...), with every operand a DTensor too (seen on
+    # 2.11.0):
+    # repros/torch_no_decomposition_strategy.py, worked around for the calls the package promotes by
+    # _engine/corrections.py (binary_cross_entropy_with_logits by its elementwise formula; index_add and index_copy
+    # on each rank's whole local values).
+    "no_strategy_from_decomposition": ((2, 11),),
+    # DTensor labels a convolution's weight and bias gradients Partial over the first mesh dim whatever the input's
+    # layout, so with a replicated input they come out multiplied by the mesh size (seen on 2.11.0; right on 2.12.1
+    # and later): repros/torch_conv_weight_grad_partial.py; the built-in rule pack refuses the mixed calls that
+    # would meet it (_rules/builtin_pack.py).
+    "conv_weight_grad_partial": ((2, 11),),
 }
 """The defects of supported releases that the engine works around on those releases only: each one's name and
 the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
