@@ -129,8 +129,8 @@ def test_a_custom_handler_added_at_run_time_is_respected():
 
 def convolution_with_a_plain_weight(world_size, batch_split):
     """DTensor's convolution handler refuses a plain weight: that refusal is promoted. The input is split along its
-    batch on the first mesh dim, or replicated. (Stride equal to the kernel size: torch 2.11's handler refuses other
-    replicated convolutions itself, repros/torch_conv_handler_unsplit.py.)"""
+    batch on the first mesh dim, or replicated. (On torch 2.11 a stride equal to the kernel size: its handler refuses
+    other replicated convolutions itself, repros/torch_conv_handler_unsplit.py.)"""
     import torch.nn.functional as F
 
     import keras_dtensor_mixfix as mf
@@ -138,15 +138,16 @@ def convolution_with_a_plain_weight(world_size, batch_split):
 
     m = mesh_for(world_size)
     torch.manual_seed(0)
-    x, w = torch.randn(4, 4, 8), torch.randn(3, 4, 2)
+    kernel = 2 if ON_2_11 else 3
+    x, w = torch.randn(4, 4, 8), torch.randn(3, 4, kernel)
     rw = w.clone().requires_grad_()
-    reference = F.conv1d(x, rw, stride=2)
+    reference = F.conv1d(x, rw, stride=kernel if ON_2_11 else 1)
     reference.sum().backward()
     dx = shard(x, m, ([Shard(0)] if batch_split else [Replicate()]) + [Replicate()] * (m.ndim - 1))
-    unpatched = _outcome(lambda a, b: F.conv1d(a, b, stride=2), dx, w)
+    unpatched = _outcome(lambda a, b: F.conv1d(a, b, stride=kernel if ON_2_11 else 1), dx, w)
     pw = w.clone().requires_grad_()
     with mf.patched():
-        out = F.conv1d(dx, pw, stride=2)
+        out = F.conv1d(dx, pw, stride=kernel if ON_2_11 else 1)
         out.sum().backward()
     close(out, reference.detach(), "conv1d output")
     assert type(pw.grad) is torch.Tensor
@@ -155,6 +156,7 @@ def convolution_with_a_plain_weight(world_size, batch_split):
 
 
 ON_2_11 = release_of(torch.__version__) == (2, 11)
+CONV_BACKWARD_2D_REFUSED = release_of(torch.__version__) in ((2, 14), (2, 15))
 
 
 @pytest.mark.parametrize("batch_split", [
@@ -164,6 +166,9 @@ ON_2_11 = release_of(torch.__version__) == (2, 11)
                         "call there (test_a_convolution_torch_2_11_would_get_wrong_is_refused)")),
 ])
 def test_a_custom_handler_refusing_a_plain_operand_is_promoted(world_size, batch_split):
+    if batch_split and world_size == 4 and CONV_BACKWARD_2D_REFUSED:
+        pytest.skip("torch 2.14 and 2.15 cannot plan a convolution's backward on a 2-D mesh with a batch-split input, "
+                    "with every operand a DTensor too (repros/torch_conv_backward_2d_mesh.py)")
     for unpatched in run_on_ranks(convolution_with_a_plain_weight, world_size, batch_split, world_size=world_size):
         assert unpatched[0] == "raised" and unpatched[3], unpatched  # torch's mixed-operand error
 

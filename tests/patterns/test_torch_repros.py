@@ -26,6 +26,7 @@ import torch_boolean_mask_index  # noqa: E402
 import torch_clip_grad_norm_two_meshes  # noqa: E402
 import torch_compile_dtensor_output_without_gradient  # noqa: E402
 import torch_compile_mutated_dtensor_input  # noqa: E402
+import torch_conv_backward_2d_mesh  # noqa: E402
 import torch_conv_channel_split  # noqa: E402
 import torch_conv_handler_unsplit  # noqa: E402
 import torch_conv_weight_grad_partial  # noqa: E402
@@ -286,3 +287,10 @@ def test_view_flattening_a_split_dim():
            broken=((2, 11),), fixed=AFTER_2_11)
 def test_convolution_weight_gradient_of_a_replicated_input():
     _run_repro(torch_conv_weight_grad_partial.repro, "AssertionError", "not close", world_size=2)
+
+
+@torch_bug("DTensor cannot plan a convolution's backward on a 2-D mesh with the input split along its batch on one "
+           "mesh dim; a mixed call's backward gets the package's error naming it",
+           broken=((2, 14), (2, 15)), fixed=EVERY_RELEASE[:3])
+def test_convolution_backward_on_a_2d_mesh_with_a_batch_split_input():
+    _run_repro(torch_conv_backward_2d_mesh.repro, "AssertionError", "convolution_backward", world_size=4)
