@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -44,3 +45,28 @@ def plain_grad(tensor: torch.Tensor, expected: torch.Tensor, what: str) -> None:
 
 def rank() -> int:
     return dist.get_rank()
+
+
+@contextlib.contextmanager
+def forced_defect(name: str, forced: bool = True):
+    """With ``forced``, the running torch is taken to have the ``TORCH_DEFECTS`` entry ``name`` (both readers of
+    the table see it; the engine's per-op caches are cleared around it)."""
+    from keras_dtensor_mixfix._engine import corrections
+    from keras_dtensor_mixfix._engine.caches import CACHES
+    from keras_dtensor_mixfix._torch import versions
+
+    if not forced:
+        yield
+        return
+    original = versions.has_defect
+
+    def has_defect(defect, version):
+        return defect == name or original(defect, version)
+
+    versions.has_defect = corrections.has_defect = has_defect
+    CACHES.clear()
+    try:
+        yield
+    finally:
+        versions.has_defect = corrections.has_defect = original
+        CACHES.clear()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _ranks import close, mesh_for, shard
+from _ranks import close, forced_defect, mesh_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 
@@ -162,39 +162,33 @@ def index_put_rows(world_size, forced):
     strategy for it and the engine runs it as index_put written back. Values equal one process."""
     import keras_dtensor_mixfix as mf
     from keras_dtensor_mixfix._engine import corrections
-    from keras_dtensor_mixfix._engine.caches import CACHES
     from keras_dtensor_mixfix._torch.versions import has_defect
     from torch.distributed.tensor import Replicate, Shard
 
     exact = forced or has_defect("index_put_inplace_without_strategy", torch.__version__)
     written = []
     write_into = corrections.write_into
-    if forced:
-        corrections.has_defect = lambda name, version: name == "index_put_inplace_without_strategy" or has_defect(
-            name, version)
-        CACHES.clear()
     corrections.write_into = lambda row, value: (written.append(row), write_into(row, value))
     try:
-        m = mesh_for(world_size)
-        torch.manual_seed(3)
-        whole, rows, values = torch.randn(8, 4), torch.tensor([1, 6, 3]), torch.randn(3, 4)
-        expected = whole.index_put((rows,), values)
-        for placements in ([Replicate()] * m.ndim, [Replicate()] * (m.ndim - 1) + [Shard(1)]):
-            target = shard(whole, m, placements)
+        with forced_defect("index_put_inplace_without_strategy", forced):
+            m = mesh_for(world_size)
+            torch.manual_seed(3)
+            whole, rows, values = torch.randn(8, 4), torch.tensor([1, 6, 3]), torch.randn(3, 4)
+            expected = whole.index_put((rows,), values)
+            for placements in ([Replicate()] * m.ndim, [Replicate()] * (m.ndim - 1) + [Shard(1)]):
+                target = shard(whole, m, placements)
+                with mf.patched():
+                    target[rows] = values  # plain index and values into a DTensor
+                close(target, expected, f"x[rows] = plain values, x {placements}")
+                assert tuple(target.placements) == tuple(placements), target.placements
+            plain = whole.clone()
             with mf.patched():
-                target[rows] = values  # plain index and values into a DTensor
-            close(target, expected, f"x[rows] = plain values, x {placements}")
-            assert tuple(target.placements) == tuple(placements), target.placements
-        plain = whole.clone()
-        with mf.patched():
-            plain.index_put_((rows,), shard(values, m, [Replicate()] * m.ndim))  # DTensor values into a plain tensor
-        close(plain, expected, "plain.index_put_(DTensor values)")
-        assert bool(written) == exact, len(written)
+                # DTensor values into a plain tensor
+                plain.index_put_((rows,), shard(values, m, [Replicate()] * m.ndim))
+            close(plain, expected, "plain.index_put_(DTensor values)")
+            assert bool(written) == exact, len(written)
     finally:
         corrections.write_into = write_into
-        if forced:
-            corrections.has_defect = has_defect
-            CACHES.clear()
     return "ok"
 
 

@@ -12,40 +12,13 @@ the same program on plain tensors in one process (1-D mesh on 2 ranks, (2, 2) on
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
-from _ranks import close, mesh_for, shard
+from _ranks import close, forced_defect, mesh_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 FORCED = pytest.mark.parametrize("forced", [False, True], ids=["as_the_release_runs", "2_11_form_forced"])
-
-
-@contextlib.contextmanager
-def _defect(name, forced):
-    """With ``forced``, the running torch is taken to have the ``TORCH_DEFECTS`` entry ``name`` (both readers of
-    the table see it; the engine's per-op caches are cleared around it)."""
-    from keras_dtensor_mixfix._engine import corrections
-    from keras_dtensor_mixfix._engine.caches import CACHES
-    from keras_dtensor_mixfix._torch import versions
-
-    if not forced:
-        yield
-        return
-    original = versions.has_defect
-
-    def has_defect(defect, version):
-        return defect == name or original(defect, version)
-
-    versions.has_defect = corrections.has_defect = has_defect
-    CACHES.clear()
-    try:
-        yield
-    finally:
-        versions.has_defect = corrections.has_defect = original
-        CACHES.clear()
 
 
 def index_put_into_split_rows(world_size, forced):
@@ -68,7 +41,7 @@ def index_put_into_split_rows(world_size, forced):
             x = whole.clone().requires_grad_() if x_placements is None else shard(whole, m, x_placements, True)
             v = values.clone().requires_grad_() if values_placements is None else shard(
                 values, m, values_placements, True)
-            with _defect("index_put_split_self_misplaced", forced), mf.patched():
+            with forced_defect("index_put_split_self_misplaced", forced), mf.patched():
                 out = x.index_put((rows,), v, accumulate=accumulate)
                 (out * weights).sum().backward()
             what = f"accumulate={accumulate}, x {x_placements}, values {values_placements}"
@@ -102,7 +75,7 @@ def logits_loss_over_a_split_batch(world_size, forced):
             expected = F.binary_cross_entropy_with_logits(reference, targets, reduction=reduction, **extra)
             expected.sum().backward()
             split = shard(logits, m, batch_split, True)
-            with _defect("no_strategy_from_decomposition", forced), mf.patched():
+            with forced_defect("no_strategy_from_decomposition", forced), mf.patched():
                 got = F.binary_cross_entropy_with_logits(split, targets, reduction=reduction, **extra)
                 got.sum().backward()
             what = f"reduction={reduction}, {sorted(extra)}"
@@ -132,7 +105,7 @@ def index_writes_into_plain_tensors(world_size, forced):
             index_operand = shard(index, m, split) if split_index else index
             source_operand = source if split_index else shard(source, m, split)
             target = whole.clone()
-            with _defect("no_strategy_from_decomposition", forced), mf.patched():
+            with forced_defect("no_strategy_from_decomposition", forced), mf.patched():
                 getattr(target, name + "_")(0, index_operand, source_operand)
                 out = getattr(whole, name)(0, index_operand, source_operand)
             what = f"{name}, the {'index' if split_index else 'source'} split"
@@ -164,7 +137,7 @@ def convolution_refusal(world_size):
     reference = w.clone().requires_grad_()
     expected = F.conv1d(x, reference, stride=2)
     expected.sum().backward()
-    with _defect("conv_weight_grad_partial", True), mf.patched():
+    with forced_defect("conv_weight_grad_partial", True), mf.patched():
         with pytest.raises(MixedOperandError) as refused:
             F.conv1d(shard(x, m, [Replicate()] * m.ndim), w.clone().requires_grad_(), stride=2)
     message = str(refused.value)
@@ -172,7 +145,7 @@ def convolution_refusal(world_size):
     if m.ndim == 2 and release_of(torch.__version__) in ((2, 14), (2, 15)):
         # those releases cannot plan this backward on a 2-D mesh at all (repros/torch_conv_backward_2d_mesh.py)
         return "ok"
-    with _defect("conv_weight_grad_partial", True), mf.patched():
+    with forced_defect("conv_weight_grad_partial", True), mf.patched():
         weight = w.clone().requires_grad_()
         out = F.conv1d(shard(x, m, [Shard(0)] + [Replicate()] * (m.ndim - 1)), weight, stride=2)
         out.sum().backward()
