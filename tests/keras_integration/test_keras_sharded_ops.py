@@ -677,17 +677,20 @@ def test_rms_normalization_of_rows_split_along_the_normalized_axis_equals_single
         torch.testing.assert_close(result["scale_grad"], reference_scale.grad, rtol=1e-5, atol=1e-6)
 
 
-def convolution_of_split_channels(x, kernel, mesh_shape, x_placements, kernel_placements):
+def convolution_of_split_channels(x, kernel, mesh_shape, x_placements, kernel_placements, as_on_2_11):
     """Keras ``ops.depthwise_conv`` and ``ops.conv`` (channels last) of a DTensor split along its channels or positions,
-    on this rank: the global values and the gradients of ``x`` and the kernels."""
+    on this rank: the global values and the gradients of ``x`` and the kernels. ``as_on_2_11``: the integration
+    installed as on torch 2.11, whose DTensor convolution it cannot use (the convolution runs on local pieces)."""
     import keras
     import torch
     from torch.distributed.tensor import distribute_tensor
 
+    from _ranks import forced_defect
     from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
-    assert keras_integration.install()
+    with forced_defect("conv_handler_refuses_unsplit", as_on_2_11):
+        assert keras_integration.install()
     try:
         device_mesh = mesh(mesh_shape, ("batch", "model"))
         x_leaf = distribute_tensor(x, device_mesh, list(x_placements)).requires_grad_()
@@ -703,13 +706,17 @@ def convolution_of_split_channels(x, kernel, mesh_shape, x_placements, kernel_pl
         keras_integration.uninstall()
 
 
-@pytest.mark.parametrize("mesh_shape, x_placements, kernel_placements", [
-    ((1, 2), ("R", 2), ("R", "R")),   # channels over "model" (a feature-split projection's output: Qwen3.5)
-    ((1, 2), ("R", 1), ("R", 1)),     # positions over "model", the kernel split too
-    ((2, 2), (0, 2), ("R", "R")),     # rows over "batch", channels over "model"
-], ids=["1x2-channels", "1x2-positions-and-kernel", "2x2-rows-and-channels"])
+@pytest.mark.parametrize("mesh_shape, x_placements, kernel_placements, as_on_2_11", [
+    ((1, 2), ("R", 2), ("R", "R"), False),   # channels over "model" (a feature-split projection's output: Qwen3.5)
+    ((1, 2), ("R", 1), ("R", 1), False),     # positions over "model", the kernel split too
+    ((2, 2), (0, 2), ("R", "R"), False),     # rows over "batch", channels over "model"
+    # as on torch 2.11 (local pieces): the rows kept split, so the kernels' gradients are sums over ranks
+    ((1, 2), ("R", 0), ("R", 1), True),
+    ((2, 2), (0, 2), ("R", "R"), True),
+], ids=["1x2-channels", "1x2-positions-and-kernel", "2x2-rows-and-channels", "1x2-rows-and-kernel-as-on-2.11",
+        "2x2-rows-and-channels-as-on-2.11"])
 def test_convolution_of_an_input_split_along_channels_or_positions_equals_single_process(mesh_shape, x_placements,
-                                                                                         kernel_placements):
+                                                                                         kernel_placements, as_on_2_11):
     import keras
     import torch
 
@@ -723,7 +730,7 @@ def test_convolution_of_an_input_split_along_channels_or_positions_equals_single
 
     world_size = mesh_shape[0] * mesh_shape[1]
     for result in run_on_ranks(convolution_of_split_channels, x, kernel, mesh_shape, _placements(x_placements),
-                               _placements(kernel_placements), world_size=world_size, timeout=300):
+                               _placements(kernel_placements), as_on_2_11, world_size=world_size, timeout=300):
         torch.testing.assert_close(result["out"], out.detach(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(result["out2"], out2.detach(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(result["x_grad"], reference_x.grad, rtol=1e-5, atol=1e-5)

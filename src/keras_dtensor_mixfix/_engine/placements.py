@@ -17,7 +17,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from .._rules.decisions import Decision, Operand
 from .._rules.errors import describe_mesh, promotion_error
 from .._rules.ops import OpTraits
-from .._torch.api import DTensorSpec, is_traced
+from .._torch.api import DTensorSpec, is_exactly, is_traced
 from .caches import CACHES, remember
 from .specs import local_slice, make_spec
 
@@ -27,7 +27,7 @@ _LOCAL_READINGS = CACHES.local_readings
 
 def shard_dim(placement: Placement, ndim: int) -> Optional[int]:
     # Only plain Shard: _StridedShard and other subclasses carry layouts we do not reproduce.
-    if type(placement) is Shard:
+    if is_exactly(placement, Shard):
         dim = placement.dim
         return dim + ndim if dim < 0 else dim
     return None

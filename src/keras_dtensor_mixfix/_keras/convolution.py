@@ -11,6 +11,12 @@ than one rank: each sample is convolved on its own; on a 2-D mesh torch 2.15's c
 that, so the input is made whole), a split kernel is made whole, and Keras' own function runs on them: one process's
 values, differentiably.
 Plain tensors, and DTensors already laid out so, go to Keras' function unchanged.
+
+On torch 2.11 DTensor's own convolution cannot be used for that: it refuses a replicated input unless the stride
+equals the kernel size (``repros/torch_conv_handler_unsplit.py``) and labels the kernel's gradient a partial sum
+whatever the input's layout (``repros/torch_conv_weight_grad_partial.py``). There, the same whole-along-all-but-batch
+operands are convolved on each rank's pieces (``local_pieces``): the input's batch piece (on any mesh) with the whole
+kernel, whose gradient is then a sum over the ranks that split the batch, and a plain copy everywhere else.
 """
 
 from __future__ import annotations
@@ -20,15 +26,22 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
+from .local_pieces import from_pieces, piece
 from .normalization import whole_along_axes
 from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
 
 def _convolution_on_batch_split_only(patches: PatchRecorder) -> None:
+    from .._torch.versions import has_defect, running_torch_version
+
+    version = running_torch_version()
+    on_pieces = has_defect("conv_handler_refuses_unsplit", version) or has_defect("conv_weight_grad_partial",
+                                                                                   version)
     nn = keras_modules.backend_nn()
     for original in (nn.conv, nn.conv_transpose):
-        rebind_everywhere(patches, original, _on_batch_split_only(original))
+        rebind_everywhere(patches, original,
+                          _on_local_pieces(original) if on_pieces else _on_batch_split_only(original))
 
 
 OVERRIDE = Override(
@@ -48,6 +61,31 @@ def _on_batch_split_only(original: Any) -> Any:
         inputs = whole_along_axes(inputs, tuple(range(batch_kept, getattr(inputs, "ndim", 1))))
         kernel = whole_along_axes(kernel, tuple(range(getattr(kernel, "ndim", 0))))
         return original(inputs, kernel, *args, **kwargs)
+
+    return convolution
+
+
+def _on_local_pieces(original: Any) -> Any:
+    """``original`` on each rank's batch piece of the input (every other dim whole) and the whole kernel, wrapped as
+    the DTensor laid out as that input: no DTensor convolution runs (torch 2.11)."""
+
+    @functools.wraps(original)
+    def convolution(inputs: Any, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        if isinstance(inputs, DTensor):
+            mesh = inputs.device_mesh
+            inputs = whole_along_axes(inputs, tuple(range(1, inputs.ndim)))
+            layout = tuple(inputs.placements)
+        elif isinstance(kernel, DTensor):
+            mesh = kernel.device_mesh
+            layout = (Replicate(),) * mesh.ndim
+        else:
+            return original(inputs, kernel, *args, **kwargs)
+        whole = (Replicate(),) * mesh.ndim
+        kernel_gradient = tuple(Partial() if isinstance(p, Shard) else Replicate() for p in layout)
+        local = original(piece(inputs, mesh, layout), piece(kernel, mesh, whole, kernel_gradient), *args, **kwargs)
+        return from_pieces(local, mesh, layout, (inputs.shape[0],) + tuple(local.shape[1:]))
 
     return convolution
 

@@ -97,10 +97,12 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+    from .._torch.api import is_exactly  # imports torch: not at module import
+
     if not torch.compiler.is_compiling() or not isinstance(table, DTensor) or table.ndim != 2:
         return None
     mesh = table.device_mesh
-    vocabulary_dims = [i for i, p in enumerate(table.placements) if type(p) is Shard and p.dim == 0]
+    vocabulary_dims = [i for i, p in enumerate(table.placements) if is_exactly(p, Shard) and p.dim == 0]
     if len(vocabulary_dims) != 1:  # one split of the vocabulary: this rank's rows are one range
         return None
     if isinstance(indices, DTensor):
@@ -116,10 +118,10 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     for mesh_dim, (own, theirs) in enumerate(zip(table.placements, ids_placements)):
         if mesh_dim in vocabulary_dims and isinstance(theirs, Replicate):
             placements.append(Partial())
-        elif isinstance(own, Replicate) and type(theirs) is Shard:
+        elif isinstance(own, Replicate) and is_exactly(theirs, Shard):
             placements.append(theirs)
             gradient_placements[mesh_dim] = Partial()
-        elif type(own) is Shard and own.dim == 1 and isinstance(theirs, Replicate):
+        elif is_exactly(own, Shard) and own.dim == 1 and isinstance(theirs, Replicate):
             placements.append(Shard(local_ids.ndim))
         elif isinstance(own, Replicate) and isinstance(theirs, Replicate):
             placements.append(Replicate())

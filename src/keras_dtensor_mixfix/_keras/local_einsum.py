@@ -185,10 +185,10 @@ def line_up(inputs: Sequence[str], output: str, placements: Sequence[Sequence[An
 
 
 def _exactly(placement: Any, *classes: Any) -> bool:
-    """Whether ``placement`` is of one of ``classes`` exactly (not a subclass: a strided shard, a
-    masked partial). Written with ``is``: TorchDynamo (torch 2.13) cannot trace ``type(p) in
-    (classes)``, which compares placement classes with ``==``."""
-    return any(type(placement) is cls for cls in classes)
+    """Whether ``placement`` is of one of ``classes`` exactly (not a subclass: a strided shard, a masked partial)."""
+    from .._torch.api import is_exactly  # imports torch: not at module import
+
+    return is_exactly(placement, *classes)
 
 
 def label_sizes(inputs: Sequence[str], shapes: Sequence[Sequence[int]]) -> Optional[dict]:

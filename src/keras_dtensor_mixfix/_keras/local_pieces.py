@@ -44,7 +44,7 @@ def piece(tensor: Any, mesh: Any, placements: Sequence[Any], gradient: Optional[
 
     if not isinstance(tensor, torch.Tensor):
         return tensor
-    if not isinstance(tensor, DTensor) and gradient is None and all(type(p) is Replicate for p in placements):
+    if not isinstance(tensor, DTensor) and gradient is None and all(isinstance(p, Replicate) for p in placements):
         return tensor  # the whole value is this rank's piece
     laid_out = relayout(tensor, TorchLayout(mesh, tuple(placements)))
     if not isinstance(laid_out, DTensor):  # a symbolic tensor (tracing, shape inference): no pieces

@@ -87,8 +87,10 @@ def _local_one_hot(original: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
+        from .._torch.api import is_exactly
+
         if not (torch.compiler.is_compiling() and isinstance(x, DTensor)
-                and all(type(p) is Shard or isinstance(p, Replicate) for p in x.placements)):
+                and all(is_exactly(p, Shard, Replicate) for p in x.placements)):
             return original(x, num_classes, axis, *args, **kwargs)
         encoded = original(piece(x, x.device_mesh, x.placements), num_classes, axis, *args, **kwargs)
         class_dim = axis % encoded.ndim

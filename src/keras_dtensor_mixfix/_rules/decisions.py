@@ -199,6 +199,8 @@ def check_decision(decision: Decision, op_name: str, operand: Operand, mesh: "De
         return decision
     from torch.distributed.tensor.placement_types import Replicate, Shard
 
+    from .._torch.api import is_exactly
+
     from .errors import describe_mesh, promotion_error
 
     tensor = operand.tensor
@@ -226,7 +228,7 @@ def check_decision(decision: Decision, op_name: str, operand: Operand, mesh: "De
             continue
         if 0 <= dim < ndim:
             continue
-        if -ndim <= dim < 0 and type(placement) is Shard:
+        if -ndim <= dim < 0 and is_exactly(placement, Shard):
             normalized[index] = Shard(dim + ndim)
             continue
         valid = f"Shard(0) to Shard({ndim - 1})" if ndim > 0 else "no Shard at all (use Replicate())"

@@ -43,6 +43,16 @@ except ImportError:  # pragma: no cover - a torch without it has no masked parti
     _MaskPartial = ()  # type: ignore[assignment,misc]
 
 
+def is_exactly(placement: Any, *classes: type) -> bool:
+    """Whether ``placement`` is of one of ``classes`` exactly, not of a subclass (a strided shard, a masked partial).
+
+    Written so that TorchDynamo traces it right on every supported release: it cannot trace ``type(p) in classes``
+    (torch 2.13: the classes are compared with ``==``), and on torch 2.11 ``type(p) is Shard`` is False for a
+    placement of a DTensor made inside the traced graph, while ``isinstance`` and the class's name are right.
+    """
+    return any(isinstance(placement, cls) and type(placement).__name__ == cls.__name__ for cls in classes)
+
+
 def is_masked_partial(placement: Any) -> bool:
     """Whether ``placement`` is DTensor's ``_MaskPartial`` (an isinstance check TorchDynamo can trace,
     unlike reading its ``mask_buffer``)."""

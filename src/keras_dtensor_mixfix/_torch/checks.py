@@ -15,8 +15,8 @@ from .checks_compile import (check_aot_autograd_cache, check_autograd_cache_swit
 from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, check_op_overload, check_op_schema,
                               check_register_goes_through_holder, check_registration_handle,
                               check_rule_runs_before_fast_path)
-from .checks_dtensor import (check_api_imports, check_dtensor_attributes, check_dtensor_spec, check_fast_constructor,
-                             check_implicit_replication, check_local_shape_and_offset, check_masked_partial,
+from .checks_dtensor import (check_api_imports, check_dtensor_attributes, check_dtensor_spec,
+                             check_exact_placement_classes, check_fast_constructor, check_implicit_replication, check_local_shape_and_offset, check_masked_partial,
                              check_mixed_operand_error, check_redistribute_local_tensor, check_sharding_cache_clear,
                              check_sharding_propagation, check_special_ops)
 from .probe import Check
@@ -31,6 +31,8 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("redistribute_local_tensor", "torch.distributed.tensor._redistribute.redistribute_local_tensor",
           check_redistribute_local_tensor),
     Check("masked_partial", "torch.distributed.tensor.placement_types._MaskPartial", check_masked_partial),
+    Check("exact_placement_classes", "placement_types._StridedShard, _MaskPartial: not counted as Shard, Partial",
+          check_exact_placement_classes),
     Check("special_ops", "DTensor._op_dispatcher._random_ops, _custom_op_handlers", check_special_ops),
     Check("sharding_propagation", "DTensor._op_dispatcher.unwrap_to_op_info, sharding_propagator.propagate",
           check_sharding_propagation),

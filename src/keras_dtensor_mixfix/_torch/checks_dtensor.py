@@ -97,6 +97,16 @@ def check_masked_partial(probe: Probe) -> str:
     return "placement_types._MaskPartial, a Partial"
 
 
+def check_exact_placement_classes(probe: Probe) -> str:
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard, _MaskPartial, _StridedShard
+
+    is_exactly = api_module().is_exactly
+    require(is_exactly(Shard(0), Shard) and is_exactly(Replicate(), Shard, Replicate), "a plain placement is not")
+    require(not is_exactly(_StridedShard(0, split_factor=2), Shard), "a _StridedShard counts as a plain Shard")
+    require(not is_exactly(_MaskPartial(), Partial), "a _MaskPartial counts as a plain Partial")
+    return "placement classes: _StridedShard and _MaskPartial told apart from Shard and Partial"
+
+
 def check_special_ops(probe: Probe) -> str:
     import torch
     from torch.distributed.tensor import DTensor

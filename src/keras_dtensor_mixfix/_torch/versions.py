@@ -124,6 +124,11 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # and later): repros/torch_conv_weight_grad_partial.py; the built-in rule pack refuses the mixed calls that
     # would meet it (_rules/builtin_pack.py).
     "conv_weight_grad_partial": ((2, 11),),
+    # DTensor's convolution handler holds every call to the limits of its tensor-parallel convolution (stride equal to
+    # the kernel size where there is padding), a replicated input included (seen on 2.11.0; right on 2.12.1 and
+    # later): repros/torch_conv_handler_unsplit.py; the Keras integration's convolution runs on local pieces there
+    # (_keras/convolution.py); a mixed call outside Keras gets torch's error.
+    "conv_handler_refuses_unsplit": ((2, 11),),
 }
 """The defects of supported releases that the engine works around on those releases only: each one's name and
 the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
