@@ -924,3 +924,43 @@ def test_reshape_of_a_split_dtensor_equals_single_process(mesh_shape, x_placemen
         torch.testing.assert_close(result["out"], out.detach(), rtol=0, atol=0)
         torch.testing.assert_close(result["grad"], reference.grad, rtol=1e-6, atol=1e-6)
         assert result["placements"] == _placements(kept)
+
+
+def stack_of_split_halves(x, as_on_2_11):
+    """keras_hub's rotary embedding's ``ops.stack((-x2, x1), axis=-2)`` of a DTensor split along its heads (dim 2),
+    on this rank: the global value and the gradient of ``x``. ``as_on_2_11``: the integration installed as on torch
+    2.11, whose DTensor places a negative stack axis wrongly (repros/torch_stack_negative_dim.py)."""
+    import keras
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from _ranks import forced_defect
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    with forced_defect("stack_negative_dim_misplaced", as_on_2_11):
+        assert keras_integration.install()
+    try:
+        leaf = distribute_tensor(x, mesh((1, 2), ("batch", "model")), [Replicate(), Shard(2)]).requires_grad_()
+        x1, x2 = keras.ops.split(leaf, 2, axis=-1)
+        out = keras.ops.reshape(keras.ops.stack((-x2, x1), axis=-2), leaf.shape)
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        return out.detach().full_tensor(), leaf.grad.full_tensor()
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("as_on_2_11", [False, True], ids=["as-installed", "as-on-2.11"])
+def test_stack_on_a_negative_axis_of_a_split_dtensor_equals_single_process(as_on_2_11):
+    import keras
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 6)  # (batch, positions, heads, depth)
+    reference = x.clone().requires_grad_()
+    x1, x2 = keras.ops.split(reference, 2, axis=-1)
+    out = keras.ops.reshape(keras.ops.stack((-x2, x1), axis=-2), reference.shape)
+    (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+    for value, gradient in run_on_ranks(stack_of_split_halves, x, as_on_2_11, world_size=2, timeout=300):
+        torch.testing.assert_close(value, out.detach())
+        torch.testing.assert_close(gradient, reference.grad)

@@ -29,11 +29,15 @@ CASES_1D = [
     ("matmul", [(2, 4, 3, 5), (2, 4, 5, 3)], [("S1",), ("S1",)]),             # head-split attention (Bloom)
     ("matmul", [(4, 3, 6), (6, 5)], [("S0",), ("R",)]),                        # batch-split rows, whole kernel
     ("matmul", [(3, 6), (6, 4)], [("R",), ("S1",)]),                           # column-sharded kernel
+    # a plain operand ("T", the same whole tensor on every rank): keys from keras_hub's plain generate cache
+    ("bqnh,bknh->bnqk", [(4, 3, 2, 3), (4, 5, 2, 3)], [("S2",), ("T",)]),
+    ("bd,df->bf", [(4, 6), (6, 5)], [("T",), ("S1",)]),                        # a plain batch, a split kernel
 ]
 CASES_2D = [
     ("bd,df->bf", [(4, 6), (6, 4)], [("R", "S0"), ("S1", "R")]),
     ("btnh,nhd->btd", [(4, 3, 2, 3), (2, 3, 4)], [("S0", "S2"), ("R", "S0")]),
     ("matmul", [(2, 4, 3, 5), (2, 4, 5, 3)], [("S0", "S1"), ("S0", "S1")]),
+    ("bqnh,bknh->bnqk", [(4, 3, 2, 3), (4, 5, 2, 3)], [("S0", "S2"), ("T", "T")]),
 ]
 
 
@@ -90,6 +94,9 @@ def einsum_on_ranks(cases, mesh_shape, compiled=False):
     for subscripts, shapes, names in cases:
         operands = []
         for tensor, placement_names in zip(_globals(shapes), names):
+            if "T" in placement_names:  # plain
+                operands.append(tensor.requires_grad_())
+                continue
             placements = [_placement(n) for n in placement_names]
             if any(isinstance(p, Partial) for p in placements):  # pieces that sum to the tensor, unequal
                 share = (dist.get_rank() + 1) / sum(range(1, dist.get_world_size() + 1))
@@ -108,7 +115,9 @@ def einsum_on_ranks(cases, mesh_shape, compiled=False):
         weight = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
         (out.full_tensor() * weight).sum().backward()
         results.append({"local": local_calls == [True], "value": out.full_tensor().detach().numpy(),
-                        "grads": [o.grad.full_tensor().numpy() for o in operands]})
+                        "grads": [(o.grad.full_tensor() if isinstance(o, DTensor) else o.grad).numpy()
+                                  for o in operands],
+                        "grad_types": [type(o.grad) is type(o) for o in operands]})
     return results
 
 
@@ -124,6 +133,7 @@ def test_einsum_values_and_gradients_equal_one_process(cases, world_size, mesh_s
             got = results[index]
             assert got["local"] is not communicates, (subscripts, names, rank)
             np.testing.assert_allclose(got["value"], value, rtol=1e-12, atol=1e-12, err_msg=f"{subscripts} {names}")
+            assert all(got["grad_types"]), f"a gradient of another type than its operand: {subscripts} {names}"
             for got_grad, want in zip(got["grads"], grads):
                 np.testing.assert_allclose(got_grad, want, rtol=1e-12, atol=1e-12,
                                            err_msg=f"gradient: {subscripts} {names} rank {rank}")

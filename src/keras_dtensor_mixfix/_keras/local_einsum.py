@@ -23,7 +23,11 @@ sharding propagation ("Cannot unflatten unevenly sharded tensor"). In backward, 
 operand's gradient (a partial sum over the batch pieces) is reduced and scattered back to its
 layout.
 
-Anything else (a plain operand, ``...``, a repeated label, a label sharded on several mesh dims,
+A plain operand beside DTensors (keras_hub's generate reads keys and values from a plain cache) is the same
+whole value on every rank: replicated, or sliced where it lines up. Left to DTensor's decomposition, torch 2.11
+fails to flatten the head-split operand into ``bmm``'s batch (``repros/torch_view_flatten_split_dim.py``).
+
+Anything else (``...``, a repeated label, a label sharded on several mesh dims,
 strided shards, other partial reductions) goes to DTensor as before. The pieces come out and go back
 through :mod:`.local_pieces` (``to_local`` and ``from_local``, both differentiable), so backward is local too;
 the gradient of an operand that was whole where the work was split is a partial sum
@@ -49,9 +53,12 @@ from .patches import rebind_everywhere
 
 
 def _einsum_on_local_pieces(patches: PatchRecorder) -> None:
+    from .._torch.versions import has_defect, running_torch_version
+
+    whole_otherwise = has_defect("view_flatten_split_dim", running_torch_version())
     numpy_module = keras_modules.backend_numpy()
-    rebind_everywhere(patches, numpy_module.einsum, _sharded_einsum(numpy_module.einsum))
-    rebind_everywhere(patches, numpy_module.matmul, _sharded_matmul(numpy_module.matmul))
+    rebind_everywhere(patches, numpy_module.einsum, _sharded_einsum(numpy_module.einsum, whole_otherwise))
+    rebind_everywhere(patches, numpy_module.matmul, _sharded_matmul(numpy_module.matmul, whole_otherwise))
 
 
 OVERRIDE = Override(
@@ -62,16 +69,41 @@ OVERRIDE = Override(
     apply=_einsum_on_local_pieces)
 
 
-def _sharded_einsum(original: Any) -> Any:
+def _sharded_einsum(original: Any, whole_otherwise: bool = False) -> Any:
+    """Keras' ``einsum`` on local pieces where the shardings line up; elsewhere Keras' own, or, with
+    ``whole_otherwise`` (torch 2.11), on the operands' whole values (:func:`on_whole_values`)."""
+
     @functools.wraps(original)
     def einsum(subscripts: Any, *operands: Any, **kwargs: Any) -> Any:
         local = _local_einsum(original, subscripts, operands, kwargs)
+        if local is None and whole_otherwise:
+            local = on_whole_values(lambda *whole: original(subscripts, *whole, **kwargs), operands)
         return original(subscripts, *operands, **kwargs) if local is None else local
 
     return einsum
 
 
-def _sharded_matmul(original: Any) -> Any:
+def on_whole_values(function: Any, operands: Sequence[Any]) -> Any:
+    """``function`` of the operands' whole values (every DTensor replicated, its local tensor taken), the result
+    wrapped as a replicated DTensor; None where no operand is a DTensor (or they lie on different meshes).
+
+    For torch 2.11, whose DTensor cannot flatten dims into one when a dim after the first is split
+    (``repros/torch_view_flatten_split_dim.py``), which its ``einsum`` and ``matmul`` do on their way to ``bmm``: the
+    same computation as one process, at the cost of gathering the split operands."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+
+    operands = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
+    meshes = {o.device_mesh for o in operands if isinstance(o, DTensor)}
+    if len(meshes) != 1:
+        return None
+    (mesh,) = meshes
+    whole = (Replicate(),) * mesh.ndim
+    local = function(*(piece(o, mesh, whole) if isinstance(o, DTensor) else o for o in operands))
+    return from_pieces(local, mesh, whole, local.shape, stride=local.stride())
+
+
+def _sharded_matmul(original: Any, whole_otherwise: bool = False) -> Any:
     """Keras' ``matmul`` of two DTensors as the einsum it is (:func:`matmul_subscripts`), on local pieces where
     their shardings line up: Keras' own ``matmul`` runs on the pieces. keras_hub's Bloom multiplies head-split
     queries and keys so; left to DTensor, the batched product is reshaped to a strided shard, whose sharding
@@ -82,6 +114,8 @@ def _sharded_matmul(original: Any) -> Any:
         subscripts = matmul_subscripts(getattr(x1, "ndim", 0), getattr(x2, "ndim", 0))
         local = None if subscripts is None else _local_einsum(
             lambda _subscripts, a, b: original(a, b), subscripts, (x1, x2), {})
+        if local is None and whole_otherwise:
+            local = on_whole_values(original, (x1, x2))
         return original(x1, x2) if local is None else local
 
     return matmul
@@ -230,11 +264,14 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
         return None
     # Keras variables (a layer's kernel) hold their DTensor as ``value``
     operands = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
-    if not all(isinstance(o, DTensor) for o in operands):
+    dtensors = [o for o in operands if isinstance(o, DTensor)]
+    if not dtensors or not all(isinstance(o, torch.Tensor) for o in operands):
         return None
-    mesh = operands[0].device_mesh
-    if any(o.device_mesh != mesh for o in operands[1:]):
+    mesh = dtensors[0].device_mesh
+    if any(o.device_mesh != mesh for o in dtensors[1:]):
         return None
+    if any(not isinstance(o, DTensor) and o.device.type != mesh.device_type for o in operands):
+        return None  # a plain operand on another device: the engine's device rules decide
     if all(o.dtype == torch.int8 for o in operands):
         return None  # Keras casts the result itself; left to its own path
     parsed = parse(subscripts, len(operands))
@@ -242,7 +279,9 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
         return None
     inputs, output = parsed
     shapes = [o.shape for o in operands]
-    lined: Optional[Sequence[Sequence[Any]]] = [tuple(o.placements) for o in operands]
+    lined: Optional[Sequence[Sequence[Any]]] = [
+        tuple(o.placements) if isinstance(o, DTensor) else _plain_layout(labels, inputs, operands, mesh.ndim)
+        for o, labels in zip(operands, inputs)]
     placements = plan(inputs, output, shapes, lined)
     if placements is None:
         lined = line_up(inputs, output, lined)
@@ -255,6 +294,21 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     sizes = label_sizes(inputs, shapes)  # not None: plan() checked the labels against the dims
     shape = torch.Size(max(sizes[label]) for label in output)  # a size-1 dim broadcasts
     return from_pieces(local, mesh, placements, shape, stride=_global_stride(local, shape))
+
+
+def _plain_layout(labels: str, inputs: Sequence[str], operands: Sequence[Any], mesh_ndim: int) -> Tuple[Any, ...]:
+    """The placements a plain operand with ``labels`` is taken with: on each mesh dim where the DTensor operands are
+    split along one label, and the plain one has it, its own slice of it (no communication: the plain operand is the
+    same whole value on every rank); replicated elsewhere."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    layout = []
+    for mesh_dim in range(mesh_ndim):
+        split = {other[o.placements[mesh_dim].dim] for other, o in zip(inputs, operands)
+                 if isinstance(o, DTensor) and _exactly(o.placements[mesh_dim], Shard)}
+        label = next(iter(split)) if len(split) == 1 else None
+        layout.append(Shard(labels.index(label)) if label is not None and label in labels else Replicate())
+    return tuple(layout)
 
 
 def _global_stride(local: Any, shape: Any) -> Tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Keras ops that write into or encode a DTensor: ``slice_update`` and ``one_hot``.
+"""Keras ops that write into, encode or stack DTensors: ``slice_update``, ``one_hot`` and ``stack``.
 
 - ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
   an in-place op whose strategy needs another placement ("in-place operations that require
@@ -8,6 +8,10 @@
   ``index_put_`` at all, the replicated values' local tensors are updated and wrapped again.
 - ``one_hot`` while compiling: DTensor has no strategy for the range check torch's ``one_hot`` makes
   when traced (keras_hub's Qwen MoE router); each rank encodes its own piece.
+- ``stack`` on torch 2.11, whose DTensor normalizes a negative ``axis`` against the inputs' rank, not the result's,
+  so an input split at or after the new dim comes out labelled split along the dim after it: silently wrong values
+  (keras_hub's rotary embedding stacks head-split halves with ``axis=-2``; ``repros/torch_stack_negative_dim.py``).
+  The axis is made non-negative: the same op.
 """
 
 from __future__ import annotations
@@ -27,29 +31,62 @@ def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
     nn = keras_modules.backend_nn()
     rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
+    from .._torch.versions import has_defect, running_torch_version
+
+    if has_defect("stack_negative_dim_misplaced", running_torch_version()):
+        numpy_module = keras_modules.backend_numpy()
+        rebind_everywhere(patches, numpy_module.stack, _stack_on_a_non_negative_axis(numpy_module.stack))
 
 
 OVERRIDE = Override(
-    name="slice_update and one_hot", kind=Kind.OPS, family="tensor",
-    owner="core(), backend_nn() (and every Keras module importing them)",
-    attributes=("slice_update", "one_hot"),
-    description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling",
+    name="slice_update, one_hot and stack", kind=Kind.OPS, family="tensor",
+    owner="core(), backend_nn(), backend_numpy() (and every Keras module importing them)",
+    attributes=("slice_update", "one_hot", "stack"),
+    description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling; "
+                "stack takes a non-negative axis (torch 2.11)",
     apply=_slice_update_and_one_hot)
+
+
+def _stack_on_a_non_negative_axis(original: Any) -> Any:
+    """Keras' ``stack`` with a negative ``axis`` counted from the result's end, for DTensor inputs (torch 2.11)."""
+
+    @functools.wraps(original)
+    def stack(x: Any, axis: int = 0) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if (isinstance(axis, int) and axis < 0 and isinstance(x, (list, tuple))
+                and any(isinstance(item, DTensor) for item in x)):
+            axis += next(item.ndim for item in x if isinstance(item, DTensor)) + 1
+        return original(x, axis)
+
+    return stack
 
 
 def _replicated_slice_update(original: Any) -> Any:
     """Keras' ``slice_update`` with a sharded input made ``Replicate`` first; on a torch whose DTensor has no
     strategy for ``index_put_`` (2.11: ``_torch.versions.TORCH_DEFECTS``), run on the whole values' local tensors
-    (every operand replicated: the same computation as one process) and wrapped as ``Replicate`` again."""
+    (every operand replicated: the same computation as one process) and wrapped as ``Replicate`` again; a plain
+    input written with DTensor updates there gets the updates' whole value and stays plain (2.11 cannot flatten
+    a head-split update, as Keras' slow path does: ``repros/torch_view_flatten_split_dim.py``)."""
     from .._torch.versions import has_defect, running_torch_version
 
     on_local_values = has_defect("index_put_inplace_without_strategy", running_torch_version())
+    plain_takes_whole = has_defect("view_flatten_split_dim", running_torch_version())
 
     @functools.wraps(original)
     def slice_update(inputs: Any, start_indices: Any, updates: Any) -> Any:
         from torch.distributed.tensor import DTensor, Replicate
 
+        def local(value: Any) -> Any:
+            if isinstance(value, DTensor):
+                return value.redistribute(value.device_mesh, [Replicate()] * value.device_mesh.ndim).to_local()
+            if isinstance(value, (list, tuple)):
+                return type(value)(local(item) for item in value)
+            return value
+
         if not isinstance(inputs, DTensor):
+            if plain_takes_whole:  # a plain cache written with a DTensor update (keras_hub's generate): plain result
+                return original(inputs, local(start_indices), local(updates))
             return original(inputs, start_indices, updates)
         mesh = inputs.device_mesh
         whole = [Replicate()] * mesh.ndim
@@ -57,14 +94,6 @@ def _replicated_slice_update(original: Any) -> Any:
             inputs = inputs.redistribute(mesh, whole)
         if not on_local_values:
             return original(inputs, start_indices, updates)
-
-        def local(value: Any) -> Any:
-            if isinstance(value, DTensor):
-                return value.redistribute(mesh, whole).to_local()
-            if isinstance(value, (list, tuple)):
-                return type(value)(local(item) for item in value)
-            return value
-
         result = original(local(inputs), local(start_indices), local(updates))
         return DTensor.from_local(result, mesh, whole, run_check=False)
 

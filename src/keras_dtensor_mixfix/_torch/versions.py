@@ -129,6 +129,12 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # later): repros/torch_conv_handler_unsplit.py; the Keras integration's convolution runs on local pieces there
     # (_keras/convolution.py); a mixed call outside Keras gets torch's error.
     "conv_handler_refuses_unsplit": ((2, 11),),
+    # DTensor cannot flatten several dims into one when a dim after the first is split, which its einsum and matmul
+    # do on their way to bmm (seen on 2.11.0; right on 2.12.1 and later): repros/torch_view_flatten_split_dim.py; the
+    # Keras integration's einsum and matmul run on whole values there where they cannot run on local pieces
+    # (_keras/local_einsum.py), and its slice_update of a plain tensor takes the update's whole value
+    # (_keras/tensor_ops.py); anything else gets torch's error.
+    "view_flatten_split_dim": ((2, 11),),
 }
 """The defects of supported releases that the engine works around on those releases only: each one's name and
 the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
