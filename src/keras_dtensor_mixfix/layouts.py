@@ -24,8 +24,11 @@ from typing import Any, Mapping, Optional
 
 from ._keras.derived_layouts import _FIRST_OTHER_AXIS, DerivedLayouts
 from ._keras import derived_layouts as _derivation
+from ._keras.sharding_report import ShardingReport, VariableSharding
+from ._keras import sharding_report as _report
 
-__all__ = ["DerivedLayouts", "derive_layouts", "layout_map_for"]
+__all__ = ["DerivedLayouts", "ShardingReport", "VariableSharding", "derive_layouts", "layout_map_for",
+           "sharding_report"]
 
 
 def derive_layouts(model: Any, mesh: Any, *, config: Optional[Mapping[str, Any]] = None,
@@ -63,3 +66,14 @@ def layout_map_for(model: Any, mesh: Any, *, config: Optional[Mapping[str, Any]]
     axis) are left whole with one warning each; the map is valid on every mesh.
     """
     return derive_layouts(model, mesh, config=config, model_axis=model_axis, data_axis=data_axis).layout_map
+
+
+def sharding_report(model: Any) -> ShardingReport:
+    """What ``model`` holds on this rank: every variable (its optimizer's too, once built) with the mesh axes it is
+    split over, its global and local shape and this rank's bytes, and the totals beside one process's.
+
+    It reads this rank's values only (no collective): any rank may call it alone, e.g. rank 0 before trusting a
+    run. ``print(sharding_report(model))`` shows a table; the fields are in :class:`ShardingReport`. Works for any
+    Keras model, with or without a distribution (then nothing is split).
+    """
+    return _report.sharding_report(model)

@@ -625,6 +625,15 @@ def test_cast_of_a_numpy_value_compiles_into_one_graph():
     torch.testing.assert_close(compiled, normalized(q), rtol=0, atol=0)
 
 
+def _torch_has(defect):
+    """Whether the running torch has the ``TORCH_DEFECTS`` entry ``defect``."""
+    import torch
+
+    from keras_dtensor_mixfix._torch.versions import has_defect
+
+    return has_defect(defect, torch.__version__)
+
+
 def _placements(spec):
     """DTensor placements from a spec of "R" (replicated) or a tensor dim (split along it), one per mesh dim."""
     from torch.distributed.tensor import Replicate, Shard
@@ -963,4 +972,50 @@ def test_stack_on_a_negative_axis_of_a_split_dtensor_equals_single_process(as_on
     (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
     for value, gradient in run_on_ranks(stack_of_split_halves, x, as_on_2_11, world_size=2, timeout=300):
         torch.testing.assert_close(value, out.detach())
+        torch.testing.assert_close(gradient, reference.grad)
+
+
+def pad_of_a_split_dtensor(x, placements, as_on_2_11):
+    """Keras ``ops.pad`` of a DTensor on a (1, 2) mesh, padding dims 1 and 2 (keras_hub's Qwen3.5 pads its chunks),
+    on this rank: the global value, the result's placements and the gradient of ``x``. ``as_on_2_11``: the
+    integration installed as on torch 2.11, whose DTensor pads into a malformed result on a 2-D mesh
+    (repros/torch_pad_2d_mesh.py)."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from _ranks import forced_defect
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    with forced_defect("pad_2d_mesh_one_placement", as_on_2_11):
+        assert keras_integration.install()
+    try:
+        leaf = distribute_tensor(x, mesh((1, 2), ("batch", "model")), list(placements)).requires_grad_()
+        out = keras.ops.pad(leaf, [[0, 0], [3, 0], [0, 2]])
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        return out.detach().full_tensor(), len(out.placements), leaf.grad.full_tensor()
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("as_on_2_11", [
+    pytest.param(False, marks=pytest.mark.skipif(
+        _torch_has("pad_2d_mesh_one_placement"),
+        reason="torch 2.11 pads into a malformed DTensor on a 2-D mesh (repros/torch_pad_2d_mesh.py)")),
+    True], ids=["as-installed", "as-on-2.11"])
+@pytest.mark.parametrize("split", ["R", 0, 1, 2])
+def test_pad_of_a_split_dtensor_on_a_two_dimensional_mesh_equals_single_process(split, as_on_2_11):
+    import keras
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 8)
+    reference = x.clone().requires_grad_()
+    out = keras.ops.pad(reference, [[0, 0], [3, 0], [0, 2]])
+    (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+    for value, placements, gradient in run_on_ranks(pad_of_a_split_dtensor, x, _placements(("R", split)), as_on_2_11,
+                                                    world_size=2, timeout=300):
+        torch.testing.assert_close(value, out.detach())
+        assert placements == 2
         torch.testing.assert_close(gradient, reference.grad)

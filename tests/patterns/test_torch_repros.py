@@ -44,6 +44,7 @@ import torch_index_put_split_self  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
 import torch_no_decomposition_strategy  # noqa: E402
+import torch_pad_2d_mesh  # noqa: E402
 import torch_scatter_add_src_misaligned  # noqa: E402
 import torch_stack_negative_dim  # noqa: E402
 import torch_view_flatten_split_dim  # noqa: E402
@@ -279,6 +280,12 @@ def test_conv_handler_refuses_a_replicated_convolution():
            broken=((2, 11),), fixed=AFTER_2_11)
 def test_view_flattening_a_split_dim():
     _run_repro(torch_view_flatten_split_dim.repro, "RuntimeError", "flatten multiple dimensions", world_size=2)
+
+
+@torch_bug("DTensor's constant_pad_nd on a 2-D mesh returns one placement instead of two; the Keras pad "
+           "works around it", broken=((2, 11),), fixed=AFTER_2_11)
+def test_pad_on_a_two_dimensional_mesh():
+    _run_repro(torch_pad_2d_mesh.repro, "placements", world_size=2)
 
 
 @torch_bug("DTensor labels a convolution's weight and bias gradients Partial whatever the input's layout, so with a "

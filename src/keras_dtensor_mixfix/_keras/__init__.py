@@ -24,12 +24,14 @@ Keras exactly.
 - :mod:`.ddp`: models with DTensor weights kept out of Keras' ``DistributedDataParallel`` wrap;
 - Keras ops DTensor cannot run as Keras writes them, one module per op family: :mod:`.embedding_ops`
   (``take``), :mod:`.reduction_ops` (min/max/all/any, argmax/argmin), :mod:`.tensor_ops` (``slice_update``,
-  ``one_hot``), :mod:`.attention_ops` (``dot_product_attention``);
+  ``one_hot``, ``stack``), :mod:`.attention_ops` (``dot_product_attention``);
 - :mod:`.local_einsum`: ``einsum`` on each rank's pieces where the operands' shardings line up;
 - :mod:`.einsum_kernel_split`: a kernel re-split so that more einsums line up;
 - :mod:`.vocab_parallel_loss`: sparse categorical cross-entropy over class-split logits, never gathered;
 - :mod:`.repeat`: ``repeat`` of a DTensor by a whole number, expanded as Keras 3.15 does (on older Keras);
 - :mod:`.tracebacks`: Keras' traceback filter hides the integration's frames;
+- :mod:`.sharding_report`: what is sharded (``keras_dtensor_mixfix.layouts.sharding_report``), and layout map keys
+  that match no variable;
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out
   like their parameters.
 """

@@ -5,6 +5,8 @@ Each ``make_*_function`` is wrapped so that its step, while a distribution is in
 - brings Keras' own promotion mode in line with the patch state in the running thread
   (:func:`.promotion_mode.sync`; Keras 3.16);
 - compiles with static shapes where :func:`.compile.static_shapes` says so;
+- (made once per model) warns about layout map keys that match none of the model's variables
+  (:func:`.sharding_report.warn_about_coverage`);
 - on a Keras without data distribution of its own (3.12 to 3.15): receives its batches distributed along
   the batch axis, and returns logs and predictions as plain global tensors. Each process feeds the
   global batch and keeps its slice (no communication); with ``distribution.auto_shard_dataset =
@@ -18,7 +20,7 @@ import weakref
 from typing import Any, Callable, Dict, Tuple
 
 from . import compile as compile_step
-from . import keras_modules, keras_private, layer_compile, promotion_mode
+from . import keras_modules, keras_private, layer_compile, promotion_mode, sharding_report
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 
@@ -40,6 +42,9 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
         if existing is not None and not force:
             return existing
         promotion_mode.sync()  # whether Keras compiles depends on it
+        active = keras_modules.distribution()
+        if active is not None:
+            sharding_report.warn_about_coverage(self, active)
         per_layer = False
         if compile_step.static_shapes(self):
             per_layer = compile_step.make_with_static_shapes(original_make, self, force)

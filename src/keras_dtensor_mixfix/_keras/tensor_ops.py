@@ -1,4 +1,4 @@
-"""Keras ops that write into, encode or stack DTensors: ``slice_update``, ``one_hot`` and ``stack``.
+"""Keras ops that write into, encode, stack or pad DTensors: ``slice_update``, ``one_hot``, ``stack``, ``pad``.
 
 - ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
   an in-place op whose strategy needs another placement ("in-place operations that require
@@ -12,6 +12,9 @@
   so an input split at or after the new dim comes out labelled split along the dim after it: silently wrong values
   (keras_hub's rotary embedding stacks head-split halves with ``axis=-2``; ``repros/torch_stack_negative_dim.py``).
   The axis is made non-negative: the same op.
+- ``pad`` on torch 2.11, whose DTensor pads on a 2-D mesh into a result with one placement instead of one per mesh
+  dim (malformed, or an ``IndexError``: ``repros/torch_pad_2d_mesh.py``; keras_hub's Qwen3.5 pads its chunks): the
+  input is made whole along the padded dims and each rank pads its piece.
 """
 
 from __future__ import annotations
@@ -33,17 +36,19 @@ def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
     rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
     from .._torch.versions import has_defect, running_torch_version
 
+    numpy_module = keras_modules.backend_numpy()
     if has_defect("stack_negative_dim_misplaced", running_torch_version()):
-        numpy_module = keras_modules.backend_numpy()
         rebind_everywhere(patches, numpy_module.stack, _stack_on_a_non_negative_axis(numpy_module.stack))
+    if has_defect("pad_2d_mesh_one_placement", running_torch_version()):
+        rebind_everywhere(patches, numpy_module.pad, _pad_on_local_pieces(numpy_module.pad))
 
 
 OVERRIDE = Override(
-    name="slice_update, one_hot and stack", kind=Kind.OPS, family="tensor",
+    name="slice_update, one_hot, stack and pad", kind=Kind.OPS, family="tensor",
     owner="core(), backend_nn(), backend_numpy() (and every Keras module importing them)",
-    attributes=("slice_update", "one_hot", "stack"),
+    attributes=("slice_update", "one_hot", "stack", "pad"),
     description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling; "
-                "stack takes a non-negative axis (torch 2.11)",
+                "stack takes a non-negative axis and pad pads local pieces (torch 2.11)",
     apply=_slice_update_and_one_hot)
 
 
@@ -60,6 +65,26 @@ def _stack_on_a_non_negative_axis(original: Any) -> Any:
         return original(x, axis)
 
     return stack
+
+
+def _pad_on_local_pieces(original: Any) -> Any:
+    """Keras' ``pad`` of a DTensor on each rank's piece, whole along the padded dims (torch 2.11)."""
+    from .normalization import whole_along_axes
+
+    @functools.wraps(original)
+    def pad(x: Any, pad_width: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(x, DTensor):
+            return original(x, pad_width, *args, **kwargs)
+        widths = [[int(w) for w in pair] for pair in (pad_width if len(pad_width) == x.ndim
+                                                        else [pad_width[0]] * x.ndim)]
+        x = whole_along_axes(x, tuple(dim for dim, pair in enumerate(widths) if any(pair)))
+        local = original(piece(x, x.device_mesh, x.placements), pad_width, *args, **kwargs)
+        shape = [size + sum(pair) for size, pair in zip(x.shape, widths)]
+        return from_pieces(local, x.device_mesh, x.placements, shape)
+
+    return pad
 
 
 def _replicated_slice_update(original: Any) -> Any:

@@ -24,6 +24,7 @@ from .._engine import context
 from .._rules.decisions import Rule
 from .._rules.options import Options
 from .._rules.registry import registry
+from .values_out import values_out
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -275,6 +276,7 @@ def _install(options: Options, allow_newer_torch: Optional[bool]) -> Options:
     reset_stats()  # stats() counts since this patch()
     registry.clear_cache()
     _compile_cache_guard().install()
+    values_out().install()
     log.debug("keras_dtensor_mixfix patched (%d ops hooked)", installed.hooked_ops)
     return options
 
@@ -302,6 +304,7 @@ def _to_unpatched() -> Tuple[bool, Optional[Callable[[], None]]]:
         _remove_marks()
         _compile_cache_guard().uninstall()
         _compile_cache_guard().invalidate("unpatch()")
+        values_out().uninstall()
         log.debug("keras_dtensor_mixfix unpatched")
     return True, deferred
 

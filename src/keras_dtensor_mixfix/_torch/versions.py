@@ -135,6 +135,10 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # (_keras/local_einsum.py), and its slice_update of a plain tensor takes the update's whole value
     # (_keras/tensor_ops.py); anything else gets torch's error.
     "view_flatten_split_dim": ((2, 11),),
+    # DTensor's constant_pad_nd on a 2-D mesh gives its result one placement instead of one per mesh dim: malformed,
+    # or an IndexError for a split input (seen on 2.11.0; right on 2.12.1 and later): repros/torch_pad_2d_mesh.py;
+    # the Keras integration's pad pads each rank's piece there (_keras/tensor_ops.py).
+    "pad_2d_mesh_one_placement": ((2, 11),),
 }
 """The defects of supported releases that the engine works around on those releases only: each one's name and
 the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
