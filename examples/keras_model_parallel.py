@@ -13,6 +13,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 import keras
 import numpy as np
 import torch.distributed as dist
+from keras_dtensor_mixfix.layouts import sharding_report
 
 keras.distribution.initialize()  # process group from torchrun's environment; every rank agrees on a seed
 keras.utils.set_random_seed(0)  # the same on every rank, and the same run after run
@@ -40,8 +41,10 @@ history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
 
 kernel = model.get_layer("hidden").kernel
 accuracy = model.evaluate(x, y, verbose=0)[1]  # every rank takes part (it is collective)
+report = sharding_report(model)  # what this rank holds of each variable (optimizer slots too); no collective
 if dist.get_rank() == 0:
     print(f"hidden kernel {tuple(kernel.shape)} placements {tuple(kernel.value.placements)} "
           f"(local {tuple(kernel.value.to_local().shape)})")
     print("loss per epoch:", [round(v, 4) for v in history.history["loss"]])
     print("accuracy:", round(accuracy, 3))
+    print(report)

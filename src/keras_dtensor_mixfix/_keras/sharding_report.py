@@ -78,19 +78,29 @@ class ShardingReport:
         return sum(v.sharded for v in self.variables)
 
     def __str__(self) -> str:
-        header = ("path", "role", "split over", "global shape", "local shape", "dtype", "MB here")
+        header = ("path", "role", "split over", "global shape", "local shape", "dtype", "here")
         rows: List[Tuple[str, ...]] = [header]
         for v in self.variables:
             split = ", ".join("/".join(axes) if axes else "-" for axes in v.axes) or "-"
             rows.append((v.path, v.role, f"({split})", "x".join(map(str, v.global_shape)) or "()",
-                         "x".join(map(str, v.local_shape)) or "()", v.dtype, f"{v.local_bytes / 2**20:.3f}"))
+                         "x".join(map(str, v.local_shape)) or "()", v.dtype, _size(v.local_bytes)))
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
         ratio = self.bytes_on_this_rank / self.bytes_in_one_process if self.bytes_in_one_process else 1.0
         lines.append(f"rank {self.rank} of {self.world_size}: {len(self.variables)} variables, {self.sharded_count} "
-                     f"sharded; {self.bytes_on_this_rank / 2**20:.3f} MB here, "
-                     f"{self.bytes_in_one_process / 2**20:.3f} MB in one process ({ratio:.0%})")
+                     f"sharded; {_size(self.bytes_on_this_rank)} here, {_size(self.bytes_in_one_process)} in one "
+                     f"process ({ratio:.0%})")
         return "\n".join(lines)
+
+
+def _size(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps a whole part: ``"512 B"``, ``"1.5 KiB"``, ``"2.0 GiB"``."""
+    value, unit = float(count), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def sharding_report(model: Any) -> ShardingReport:
