@@ -19,6 +19,8 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
   with Keras' own backend (inductor) and static shapes;
 - saving writes files from rank 0 only, which alone assembles each whole weight from the pieces the other ranks
   send; loading reads each rank's own slice of each weight from the h5 file;
+- Keras' callbacks that write files write them once, from rank 0, the ranks in step (``writes_once`` gives a
+  user's callback the same);
 - a large weight the layout map leaves whole on every rank is named in a warning, with a rule that shards it;
 - on a Keras that wraps models in ``DistributedDataParallel`` when no distribution is set (3.16),
   a model with sharded weights is not wrapped (DDP cannot broadcast DTensors).
@@ -41,7 +43,8 @@ import logging
 import threading
 from typing import Any, List, Optional, Tuple
 
-from ._keras import (activations, attention_ops, backend_lib, compile, convolution, data, ddp, einsum_kernel_split,
+from ._keras import (activations, attention_ops, backend_lib, callback_files, compile, convolution, data, ddp,
+                     einsum_kernel_split,
                      embedding_ops, keras_gate, keras_modules, layer_compile, local_einsum, normalization, promotion_mode,
                      reduction_ops, reductions, repeat, reshape, saving, tensor_ops, tracebacks, values, variables,
                      vocab_parallel_loss, whole_weights)
@@ -51,13 +54,14 @@ from ._rules.errors import UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
-__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "UnsupportedKerasError"]
+__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "writes_once",
+           "UnsupportedKerasError"]
 
 
 OVERRIDES: Tuple[Override, ...] = (
     backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, reductions.OVERRIDE, values.OVERRIDE,
     data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, compile.TRAIN_STEP, compile.COMPILE_ALLOWED,
-    saving.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
+    saving.OVERRIDE, callback_files.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
     embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,
     local_einsum.OVERRIDE, einsum_kernel_split.OVERRIDE, repeat.OVERRIDE, reshape.OVERRIDE, normalization.OVERRIDE,
     convolution.OVERRIDE, activations.OVERRIDE, vocab_parallel_loss.OVERRIDE,
@@ -81,6 +85,15 @@ def is_installed() -> bool:
 def report() -> List[str]:
     """What ``install()`` added (for ``doctor``)."""
     return list(_report)
+
+
+def writes_once(callback: Any) -> Any:
+    """Give a Keras callback (instance or class) what Keras' own file-writing callbacks get under a multi-process
+    distribution: ``keras.src.utils.file_utils``' writes (``makedirs``, ``rmtree``, ``remove``, ``copy``, a ``File``
+    opened to write) happen on rank 0 only, and every rank waits after a hook that wrote until rank 0 has written.
+    Returns ``callback``. Without it a callback runs on every rank, as it does without the package; to write
+    with your own code from one rank, test ``torch.distributed.get_rank() == 0``."""
+    return callback_files.writes_once(callback)
 
 
 def set_compile_unit(unit: Optional[str]) -> None:

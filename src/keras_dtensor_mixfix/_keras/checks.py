@@ -274,6 +274,20 @@ def check_data_and_saving() -> str:
             "RandomInitializer; rng_utils")
 
 
+def check_callback_files() -> str:
+    from .callback_files import FILE_CALLBACKS, LOOKS, WRITES
+
+    file_utils = keras_modules.file_utils()
+    _require(file_utils, WRITES + LOOKS + ("File",), "file_utils")
+    _takes(file_utils.File, "path", "mode")
+    callbacks = keras_modules.callbacks_package()
+    present = [name for name in FILE_CALLBACKS if hasattr(callbacks, name)]
+    for name in ("BackupAndRestore", "ModelCheckpoint", "CSVLogger"):
+        if name not in present:
+            raise AttributeError(f"keras.src.callbacks has no {name}")
+    return f"file_utils.{', '.join(WRITES + LOOKS)}, File(path, mode); callbacks {', '.join(present)}"
+
+
 def _check_h5_entries(store_class: type) -> None:
     """An ``H5IOStore`` written through :func:`.keras_private.open_h5_entry_group` (as the streaming store writes a
     sharded weight) reads back the same, and its entry's group is :func:`.keras_private.h5_entry_group`."""
@@ -328,5 +342,7 @@ CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
     KerasCheck("data_and_saving", "get_data_adapter, saving_lib's save and load functions and weight stores (an "
                                   "H5IOStore entry's _h5_entry_group), Variable.assign/numpy, RandomInitializer, "
                                   "rng_utils", check_data_and_saving),
+    KerasCheck("callback_files", "file_utils' write functions and File(path, mode); the file-writing callbacks",
+               check_callback_files),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a Keras where it fails)."""

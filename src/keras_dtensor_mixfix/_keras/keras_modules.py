@@ -294,6 +294,20 @@ def data_adapter_utils() -> Any:
     return data_adapter_utils_module
 
 
+def file_utils() -> Any:
+    """``keras.src.utils.file_utils``: the file functions Keras' callbacks and saving go through."""
+    from keras.src.utils import file_utils as file_utils_module
+
+    return file_utils_module
+
+
+def callbacks_package() -> Any:
+    """``keras.src.callbacks``: Keras' callback classes."""
+    from keras.src import callbacks as callbacks_package_module
+
+    return callbacks_package_module
+
+
 def saving_lib() -> Any:
     from keras.src.saving import saving_lib as saving_lib_module
 

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from typing import Any, Callable, Iterator
 
-from . import keras_modules, keras_private, rank_zero_gather, slice_loading
+from . import callback_files, keras_modules, keras_private, rank_zero_gather, slice_loading
 from .._lifecycle.recorder import PatchRecorder
 from .memory import return_freed_memory
 from .overrides import Kind, Override
@@ -61,9 +61,10 @@ def _rank_zero_writes(original: Callable[..., Any]) -> Callable[..., Any]:
         if not _multi_process():
             return original(model, filepath, *args, **kwargs)
         try:
-            if dist.get_rank() == 0:
-                return _save_on_rank_zero(original, model, filepath, *args, **kwargs)
-            return _save_elsewhere(original, model, filepath, *args, **kwargs)
+            with callback_files.outside_callback_writes():  # inside a callback's hook: this divides its own work
+                if dist.get_rank() == 0:
+                    return _save_on_rank_zero(original, model, filepath, *args, **kwargs)
+                return _save_elsewhere(original, model, filepath, *args, **kwargs)
         finally:
             return_freed_memory()
 
@@ -76,7 +77,7 @@ def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
         if not _multi_process():
             return original(*args, **kwargs)
         try:
-            with slice_loading.reading_slices(), _weights_file_on_disk():
+            with callback_files.outside_callback_writes(), slice_loading.reading_slices(), _weights_file_on_disk():
                 return original(*args, **kwargs)
         finally:
             return_freed_memory()

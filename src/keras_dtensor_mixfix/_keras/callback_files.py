@@ -1,0 +1,205 @@
+"""Keras' callbacks that write files, under a multi-process distribution: each file written once, the ranks in step.
+
+Every rank runs every callback. Keras' file-writing callbacks (``BackupAndRestore``, ``ModelCheckpoint``,
+``CSVLogger``, ``TensorBoard``, ``OrbaxCheckpoint``) make folders, write metadata and delete them through
+``keras.src.utils.file_utils`` with nothing ordering the ranks, so on one shared folder they race:
+``FileExistsError`` from two ``makedirs``, ``FileNotFoundError`` for a ``training_metadata.json`` another rank's
+``rmtree`` removed, a CSV file written by every rank. While one of their hooks runs on a multi-process
+distribution, ``file_utils``' writes (``makedirs``, ``rmtree``, ``remove``, ``copy``, a ``File`` opened to write)
+happen on rank 0 only — on the other ranks a write is skipped and a file opened to write takes and drops what is
+written — and a hook that wrote anything ends with a barrier, so that every rank then reads what rank 0 wrote.
+What a hook asks of the file system (``exists``, ``isdir``, ``listdir``) is answered by rank 0 for every rank (one
+broadcast), so every rank takes rank 0's branch; a ``File`` opened to read is read by each rank. ``model.save`` and ``save_weights`` inside
+a hook keep their own division of work (``saving.py``: every rank takes part, rank 0 writes).
+
+Rank 0 writes for all: the folder must be one every rank sees (a shared file system), as with Keras on JAX. A
+user's own callback runs on every rank as it does without the package: :func:`writes_once` gives it the same
+treatment, or it tests ``torch.distributed.get_rank() == 0`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import threading
+from typing import Any, Callable, Iterator, Optional, Type
+
+from . import keras_modules
+from .._lifecycle.recorder import PatchRecorder
+from .overrides import Kind, Override
+from .patches import rebind_everywhere
+
+FILE_CALLBACKS = ("BackupAndRestore", "ModelCheckpoint", "CSVLogger", "TensorBoard", "OrbaxCheckpoint")
+"""Keras' callbacks that write files (those a Keras release has)."""
+
+HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
+         "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+         "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end", "set_model")
+"""The methods of a callback that may write."""
+
+WRITES = ("makedirs", "rmtree", "remove", "copy")
+"""``file_utils``' functions that change the file system (``File`` is handled by its mode)."""
+
+LOOKS = ("exists", "isdir", "listdir")
+"""``file_utils``' functions that look at the file system: within a hook, rank 0's answer is every rank's (a hook
+that asks whether a folder exists while rank 0 deletes it would otherwise take other branches on other ranks)."""
+
+_state = threading.local()
+
+
+def _in_section() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+def _multi_process() -> bool:
+    import torch.distributed as dist
+
+    return keras_modules.distribution() is not None and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+class _Dropped(io.StringIO):
+    """What a rank other than 0 writes to: accepts and drops everything."""
+
+    def write(self, text: Any) -> int:
+        return len(text)
+
+
+class _DroppedBytes(io.BytesIO):
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _rank_zero_write(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def write(*args: Any, **kwargs: Any) -> Any:
+        if not _in_section():
+            return original(*args, **kwargs)
+        _state.wrote = True
+        return original(*args, **kwargs) if _rank() == 0 else None
+
+    return write
+
+
+def _rank_zero_look(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def look(*args: Any, **kwargs: Any) -> Any:
+        if not _in_section():
+            return original(*args, **kwargs)
+        import torch.distributed as dist
+
+        answer = [original(*args, **kwargs) if _rank() == 0 else None]
+        dist.broadcast_object_list(answer, src=0)
+        return answer[0]
+
+    return look
+
+
+def _rank_zero_file(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def File(path: Any, mode: str = "r") -> Any:  # noqa: N802 - Keras' name
+        if not _in_section() or not any(flag in mode for flag in "wax+"):
+            return original(path, mode)
+        _state.wrote = True
+        if _rank() == 0:
+            return original(path, mode)
+        return _DroppedBytes() if "b" in mode else _Dropped()
+
+    return File
+
+
+def _in_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a callback hook) with ``file_utils``' writes on rank 0 only, and a barrier after it if it
+    wrote, on a multi-process distribution; as it is otherwise (and inside another such hook)."""
+
+    @functools.wraps(original)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _in_section() or not _multi_process():
+            return original(self, *args, **kwargs)
+        _state.depth = 1
+        _state.wrote = False
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            _state.depth = 0
+        if _state.wrote:
+            import torch.distributed as dist
+
+            dist.barrier()  # what rank 0 wrote is there before any rank reads it
+        return result
+
+    return hook
+
+
+@contextlib.contextmanager
+def outside_callback_writes() -> Iterator[None]:
+    """Within it, ``file_utils``' writes act on every rank again (Keras' saving inside a hook divides its work
+    itself: every rank writes its scratch copy, rank 0 the file)."""
+    depth = getattr(_state, "depth", 0)
+    _state.depth = 0
+    try:
+        yield
+    finally:
+        _state.depth = depth
+
+
+def writes_once(callback: Any) -> Any:
+    """``callback`` (a ``keras.callbacks.Callback`` instance or class) with its hooks run as Keras' own file-writing
+    callbacks are under a multi-process distribution: ``keras.src.utils.file_utils``' writes on rank 0 only, and
+    the ranks in step after a hook that wrote. Returns ``callback``; an instance is changed in place, a class gets
+    the hooks it defines wrapped (once)."""
+    target = callback if isinstance(callback, type) else None
+    for name in HOOKS:
+        if target is not None:
+            hook = target.__dict__.get(name)
+            if callable(hook) and not getattr(hook, "_mixfix_in_step", False):
+                setattr(target, name, _marked(_in_step(hook)))
+        else:
+            bound = getattr(callback, name, None)
+            if callable(bound) and not getattr(bound, "_mixfix_in_step", False):
+                function = getattr(bound, "__func__", None)
+                if function is not None and not getattr(function, "_mixfix_in_step", False):
+                    setattr(callback, name, _marked(_in_step(function)).__get__(callback))
+    return callback
+
+
+def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
+    function._mixfix_in_step = True  # type: ignore[attr-defined]
+    return function
+
+
+def _file_callbacks_write_once(patches: PatchRecorder) -> None:
+    file_utils = keras_modules.file_utils()
+    for name in WRITES:
+        rebind_everywhere(patches, getattr(file_utils, name), _rank_zero_write(getattr(file_utils, name)))
+    for name in LOOKS:
+        rebind_everywhere(patches, getattr(file_utils, name), _rank_zero_look(getattr(file_utils, name)))
+    rebind_everywhere(patches, file_utils.File, _rank_zero_file(file_utils.File))
+    for callback_class in _file_callback_classes():
+        for name in HOOKS:
+            hook = callback_class.__dict__.get(name)
+            if callable(hook):
+                patches.set(callback_class, name, _marked(_in_step(hook)))
+
+
+def _file_callback_classes() -> Iterator[Type[Any]]:
+    callbacks = keras_modules.callbacks_package()
+    for name in FILE_CALLBACKS:
+        found: Optional[Type[Any]] = getattr(callbacks, name, None)
+        if found is not None:
+            yield found
+
+
+OVERRIDE = Override(
+    name="callbacks that write files", kind=Kind.KERAS_OBJECTS,
+    owner="file_utils() and callbacks_package()'s BackupAndRestore, ModelCheckpoint, CSVLogger, TensorBoard, "
+          "OrbaxCheckpoint",
+    attributes=WRITES + LOOKS + ("File",) + HOOKS,
+    description="callbacks: files written once (rank 0), the ranks in step after a hook that wrote",
+    apply=_file_callbacks_write_once)

@@ -1,0 +1,151 @@
+"""Keras' callbacks that write files, on several ranks sharing one folder, as in one process.
+
+``BackupAndRestore`` interrupted and resumed, with ``ModelCheckpoint`` (weights and ``.keras``) and ``CSVLogger``
+in the same runs: on 2 ranks ((1, 2), ModelParallel) and on a (2, 2) mesh of 4 ranks, against one process doing the
+same — the trained weights, the epochs run, the files left on disk and what they hold. A user's own callback that
+writes through ``file_utils`` writes once with ``keras_integration.writes_once``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+import pytest
+
+from keras_dtensor_mixfix.testing import run_on_ranks
+
+EPOCHS, INTERRUPTED_AT = 4, 2
+
+
+def _model_and_data():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                              keras.layers.Dense(3, name="head")], name="net")
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 6)).astype("float32")
+    return model, x, (x[:, :3].argmax(axis=1)).astype("int64")
+
+
+def interrupted_then_resumed(folder, mesh_shape):
+    """Fit with BackupAndRestore, ModelCheckpoint (weights and .keras) and CSVLogger into ``folder``, interrupted
+    after epoch ``INTERRUPTED_AT``, then fit again to resume; ``mesh_shape`` None: one process, no distribution.
+    Returns the epochs each run reported, the trained weights and what was in ``folder`` after each run."""
+    import keras
+
+    from keras_dtensor_mixfix import keras_integration
+
+    if mesh_shape is not None:
+        assert keras_integration.install()
+        mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*hidden/kernel"] = (None, "model")
+        layout_map[".*head/kernel"] = ("model", None)
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
+                                                                             batch_dim_name="batch"))
+    try:
+        class Interrupt(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch + 1 == INTERRUPTED_AT:
+                    raise RuntimeError("interrupted")
+
+        def callbacks(*extra):
+            return [keras.callbacks.BackupAndRestore(os.path.join(folder, "backup")),
+                    keras.callbacks.ModelCheckpoint(os.path.join(folder, "best.weights.h5"), save_weights_only=True),
+                    keras.callbacks.ModelCheckpoint(os.path.join(folder, "model.keras")),
+                    keras.callbacks.CSVLogger(os.path.join(folder, "log.csv"), append=True), *extra]
+
+        model, x, y = _model_and_data()
+        epochs = []
+        record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))
+        try:
+            model.fit(x, y, batch_size=8, epochs=EPOCHS, verbose=0, shuffle=False,
+                      callbacks=callbacks(record, Interrupt()))
+        except RuntimeError as error:
+            assert "interrupted" in str(error)
+        after_interruption = sorted(os.listdir(folder)), sorted(os.listdir(os.path.join(folder, "backup")))
+        model, x, y = _model_and_data()  # a new process would start from its initial weights
+        model.fit(x, y, batch_size=8, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks(record))
+        checkpoint = keras.saving.load_model(os.path.join(folder, "model.keras"))
+        return dict(epochs=epochs, weights=[np.asarray(w) for w in model.get_weights()],
+                    after_interruption=after_interruption, after=sorted(os.listdir(folder)),
+                    checkpoint=[np.asarray(w) for w in checkpoint.get_weights()])
+    finally:
+        if mesh_shape is not None:
+            keras.distribution.set_distribution(None)
+            keras_integration.uninstall()
+
+
+def _csv_rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
+def test_backup_and_restore_resumes_and_file_callbacks_write_as_in_one_process(mesh_shape, tmp_path):
+    alone = tmp_path / "one_process"
+    shared = tmp_path / "ranks"
+    alone.mkdir()
+    shared.mkdir()
+    expected = run_on_ranks(interrupted_then_resumed, str(alone), None, world_size=1, timeout=300)[0]
+    assert expected["epochs"] == [0, 1, *range(INTERRUPTED_AT, EPOCHS)]  # resumed where it stopped
+    for got in run_on_ranks(interrupted_then_resumed, str(shared), mesh_shape, world_size=mesh_shape[0] * mesh_shape[1],
+                            timeout=300):
+        assert got["epochs"] == expected["epochs"]
+        assert got["after_interruption"] == expected["after_interruption"]
+        assert got["after"] == expected["after"]  # the backup folder deleted at the end, the rest kept
+        for name, want in (("weights", expected["weights"]), ("checkpoint", expected["checkpoint"])):
+            for got_weight, want_weight in zip(got[name], want):
+                np.testing.assert_allclose(got_weight, want_weight, rtol=1e-5, atol=1e-6, err_msg=name)
+    rows, expected_rows = _csv_rows(shared / "log.csv"), _csv_rows(alone / "log.csv")
+    assert [row["epoch"] for row in rows] == [row["epoch"] for row in expected_rows]  # each epoch once
+    for row, expected_row in zip(rows, expected_rows):
+        assert row.keys() == expected_row.keys()
+        for key in row:
+            if "NA" in (row[key], expected_row[key]):  # Keras' mark for a value the epoch did not log
+                assert row[key] == expected_row[key], (key, row, expected_row)
+            else:
+                np.testing.assert_allclose(float(row[key]), float(expected_row[key]), rtol=1e-5, err_msg=key)
+
+
+def own_callback_writing(folder, wrapped):
+    """A user's callback appending a line per epoch through Keras' file_utils, on 2 ranks (``wrapped``: given
+    ``keras_integration.writes_once``); returns the file's lines as every rank reads them after each epoch."""
+    import keras
+    from keras.src.utils import file_utils
+
+    from keras_dtensor_mixfix import keras_integration
+
+    assert keras_integration.install()
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    seen = []
+    path = os.path.join(folder, "epochs.txt")
+
+    class AppendLine(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            with file_utils.File(path, "a") as handle:
+                handle.write(f"epoch {epoch}\n")
+
+    class Read(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            with open(path) as handle:
+                seen.append(handle.read().splitlines())
+
+    try:
+        model, x, y = _model_and_data()
+        writer = keras_integration.writes_once(AppendLine()) if wrapped else AppendLine()
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[writer, Read()])
+        return seen
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
+
+
+def test_a_users_own_callback_writes_once_with_writes_once(tmp_path):
+    expected = [["epoch 0"], ["epoch 0", "epoch 1"]]
+    for seen in run_on_ranks(own_callback_writing, str(tmp_path), True, world_size=2, timeout=300):
+        assert seen == expected  # every rank reads rank 0's lines, each written once
