@@ -1019,3 +1019,47 @@ def test_pad_of_a_split_dtensor_on_a_two_dimensional_mesh_equals_single_process(
         torch.testing.assert_close(value, out.detach())
         assert placements == 2
         torch.testing.assert_close(gradient, reference.grad)
+
+
+def cumsum_of_a_split_dtensor(x, placements, as_on_2_11):
+    """Keras ``ops.cumsum`` along the last axis of a DTensor on a (1, 2) mesh, on this rank: the global value and
+    the gradient of ``x``. ``as_on_2_11``: the integration installed as on torch 2.11, whose DTensor has no strategy
+    for the flip in cumsum's backward (repros/torch_flip_no_strategy.py)."""
+    import keras
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from _ranks import forced_defect
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    with forced_defect("flip_without_strategy", as_on_2_11):
+        assert keras_integration.install()  # (the negative axis is counted from the start on every release here)
+    try:
+        leaf = distribute_tensor(x, mesh((1, 2), ("batch", "model")), list(placements)).requires_grad_()
+        out = keras.ops.cumsum(leaf, axis=-1)
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        return out.detach().full_tensor(), leaf.grad.full_tensor()
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("as_on_2_11", [
+    pytest.param(False, marks=pytest.mark.skipif(
+        _torch_has("flip_without_strategy"),
+        reason="torch 2.11 has no strategy for the flip of cumsum's backward (repros/torch_flip_no_strategy.py)")),
+    True], ids=["as-installed", "as-on-2.11"])
+@pytest.mark.parametrize("split", ["R", 0, 2])
+def test_cumsum_of_a_split_dtensor_equals_single_process(split, as_on_2_11):
+    import keras
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 8)
+    reference = x.clone().requires_grad_()
+    out = keras.ops.cumsum(reference, axis=-1)
+    (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+    for value, gradient in run_on_ranks(cumsum_of_a_split_dtensor, x, _placements(("R", split)), as_on_2_11,
+                                        world_size=2, timeout=300):
+        torch.testing.assert_close(value, out.detach())
+        torch.testing.assert_close(gradient, reference.grad)

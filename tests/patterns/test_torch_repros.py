@@ -31,12 +31,14 @@ import torch_conv_channel_split  # noqa: E402
 import torch_conv_handler_unsplit  # noqa: E402
 import torch_conv_weight_grad_partial  # noqa: E402
 import torch_cosine_embedding_loss_split_features  # noqa: E402
+import torch_cumsum_negative_dim  # noqa: E402
 import torch_dcp_load_reads_whole_saved_tensor  # noqa: E402
 import torch_dtensor_argmax_compiled  # noqa: E402
 import torch_dtensor_one_hot_compiled  # noqa: E402
 import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
+import torch_flip_no_strategy  # noqa: E402
 import torch_foreach_inplace_partial  # noqa: E402
 import torch_fused_sgd_dtensor  # noqa: E402
 import torch_index_put_inplace  # noqa: E402
@@ -280,6 +282,19 @@ def test_conv_handler_refuses_a_replicated_convolution():
            broken=((2, 11),), fixed=AFTER_2_11)
 def test_view_flattening_a_split_dim():
     _run_repro(torch_view_flatten_split_dim.repro, "RuntimeError", "flatten multiple dimensions", world_size=2)
+
+
+@torch_bug("DTensor's cumsum with a negative dim ignores that the input is split along it (silently wrong); the "
+           "Keras cumsum counts the axis from the start", broken=((2, 11), (2, 12), (2, 13)),
+           fixed=((2, 14), (2, 15)))
+def test_cumsum_along_a_negative_split_dim():
+    _run_repro(torch_cumsum_negative_dim.repro, "AssertionError", "not close", world_size=2)
+
+
+@torch_bug("DTensor has no strategy for flip, which cumsum's backward calls; the Keras cumsum works around it",
+           broken=((2, 11),), fixed=AFTER_2_11)
+def test_flip_of_a_dtensor():
+    _run_repro(torch_flip_no_strategy.repro, "NotImplementedError", "aten.flip", world_size=2)
 
 
 @torch_bug("DTensor's constant_pad_nd on a 2-D mesh returns one placement instead of two; the Keras pad "

@@ -1,4 +1,5 @@
-"""Keras ops that write into, encode, stack or pad DTensors: ``slice_update``, ``one_hot``, ``stack``, ``pad``.
+"""Keras ops that write into, encode, stack, pad or sum along DTensors: ``slice_update``, ``one_hot``, ``stack``,
+``pad``, ``cumsum``.
 
 - ``slice_update`` clones its input and writes into the clone with ``index_put_``; DTensor refuses
   an in-place op whose strategy needs another placement ("in-place operations that require
@@ -15,6 +16,11 @@
 - ``pad`` on torch 2.11, whose DTensor pads on a 2-D mesh into a result with one placement instead of one per mesh
   dim (malformed, or an ``IndexError``: ``repros/torch_pad_2d_mesh.py``; keras_hub's Qwen3.5 pads its chunks): the
   input is made whole along the padded dims and each rank pads its piece.
+- ``cumsum``: on the torch releases whose DTensor ignores that the input is split along a negative ``dim``
+  (``repros/torch_cumsum_negative_dim.py``: each rank sums its own piece, silently), the axis is counted from the
+  start (the same op); on torch 2.11, whose DTensor has no strategy for the ``flip`` its backward calls
+  (``repros/torch_flip_no_strategy.py``; keras_hub's Qwen3.5 sums its gates), the input is made whole along the
+  axis and each rank sums its piece, so the backward runs on plain tensors.
 """
 
 from __future__ import annotations
@@ -41,14 +47,17 @@ def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
         rebind_everywhere(patches, numpy_module.stack, _stack_on_a_non_negative_axis(numpy_module.stack))
     if has_defect("pad_2d_mesh_one_placement", running_torch_version()):
         rebind_everywhere(patches, numpy_module.pad, _pad_on_local_pieces(numpy_module.pad))
+    on_pieces = has_defect("flip_without_strategy", running_torch_version())
+    if on_pieces or has_defect("cumsum_negative_dim_ignored", running_torch_version()):
+        rebind_everywhere(patches, numpy_module.cumsum, _dtensor_cumsum(numpy_module.cumsum, on_pieces))
 
 
 OVERRIDE = Override(
-    name="slice_update, one_hot, stack and pad", kind=Kind.OPS, family="tensor",
+    name="slice_update, one_hot, stack, pad and cumsum", kind=Kind.OPS, family="tensor",
     owner="core(), backend_nn(), backend_numpy() (and every Keras module importing them)",
-    attributes=("slice_update", "one_hot", "stack", "pad"),
+    attributes=("slice_update", "one_hot", "stack", "pad", "cumsum"),
     description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling; "
-                "stack takes a non-negative axis and pad pads local pieces (torch 2.11)",
+                "stack and cumsum take a non-negative axis, pad and cumsum run on local pieces (torch 2.11)",
     apply=_slice_update_and_one_hot)
 
 
@@ -85,6 +94,27 @@ def _pad_on_local_pieces(original: Any) -> Any:
         return from_pieces(local, x.device_mesh, x.placements, shape)
 
     return pad
+
+
+def _dtensor_cumsum(original: Any, on_pieces: bool) -> Any:
+    """Keras' ``cumsum`` of a DTensor along an axis counted from the start; with ``on_pieces`` (torch 2.11) on each
+    rank's piece, whole along that axis."""
+    from .normalization import whole_along_axes
+
+    @functools.wraps(original)
+    def cumsum(x: Any, axis: Any = None, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(x, DTensor) or not isinstance(axis, int) or x.ndim == 0:
+            return original(x, axis, *args, **kwargs)
+        axis %= x.ndim
+        if not on_pieces:
+            return original(x, axis, *args, **kwargs)
+        x = whole_along_axes(x, axis)
+        local = original(piece(x, x.device_mesh, x.placements), axis, *args, **kwargs)
+        return from_pieces(local, x.device_mesh, x.placements, x.shape)
+
+    return cumsum
 
 
 def _replicated_slice_update(original: Any) -> Any:

@@ -139,6 +139,14 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # or an IndexError for a split input (seen on 2.11.0; right on 2.12.1 and later): repros/torch_pad_2d_mesh.py;
     # the Keras integration's pad pads each rank's piece there (_keras/tensor_ops.py).
     "pad_2d_mesh_one_placement": ((2, 11),),
+    # DTensor has no strategy for flip, which cumsum's backward calls (seen on 2.11.0; right on 2.12.1 and later):
+    # repros/torch_flip_no_strategy.py; the Keras integration's cumsum runs on each rank's piece there
+    # (_keras/tensor_ops.py).
+    "flip_without_strategy": ((2, 11),),
+    # DTensor's cumsum with a negative dim ignores that the input is split along it: each rank sums its own piece,
+    # silently (seen on 2.11.0, 2.12.1 and 2.13.0; right on 2.14.1 and 2.15.0): repros/torch_cumsum_negative_dim.py;
+    # the Keras integration's cumsum counts the axis from the start there (_keras/tensor_ops.py).
+    "cumsum_negative_dim_ignored": ((2, 11), (2, 12), (2, 13)),
 }
 """The defects of supported releases that the engine works around on those releases only: each one's name and
 the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
