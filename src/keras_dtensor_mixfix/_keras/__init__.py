@@ -21,6 +21,7 @@ Keras exactly.
 - :mod:`.compile`: ``jit_compile=True`` under a distribution;
 - :mod:`.promotion_mode`: Keras' own mixed-operand dispatch mode, replaced by our promotion while patched;
 - :mod:`.saving`: rank 0 writes;
+- :mod:`.callback_files`: Keras' file-writing callbacks write once (rank 0), the ranks in step;
 - :mod:`.ddp`: models with DTensor weights kept out of Keras' ``DistributedDataParallel`` wrap;
 - Keras ops DTensor cannot run as Keras writes them, one module per op family: :mod:`.embedding_ops`
   (``take``), :mod:`.reduction_ops` (min/max/all/any, argmax/argmin), :mod:`.tensor_ops` (``slice_update``,
