@@ -28,3 +28,36 @@ one_graph = pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason=(
     "pytree, which TorchDynamo cannot trace (repros/keras_ops_fullgraph.py, Keras alone); fullgraph=True is proven "
     "on Keras 3.15 and 3.16"))
 """For a test that compiles Keras ops with ``fullgraph=True``."""
+
+
+def feeds_own_shard():
+    """Whether each process feeds its own shard of the batch (Keras 3.16's own data distribution, which refuses
+    NumPy input on several processes unless told ``auto_shard_dataset = False``); earlier Keras with the package:
+    each process feeds the global batch and keeps its slice."""
+    from keras_dtensor_mixfix._keras import keras_modules
+
+    return keras_modules.native_data_distribution()
+
+
+def for_this_process(distribution, arrays, batch_size):
+    """``distribution`` made ready for NumPy input, and ``arrays`` and ``batch_size`` as this process feeds them,
+    so that every global batch holds the rows one process's batch holds: the global batch on Keras 3.12 to 3.15;
+    on Keras 3.16, this process's rows of each global batch (the rows of its coordinate on the batch axis:
+    consecutive ranks share one under ``ModelParallel``, as ``DeviceMesh`` lays devices out)."""
+    import torch.distributed as dist
+
+    if not feeds_own_shard():
+        return distribution, arrays, batch_size
+    distribution.auto_shard_dataset = False
+    mesh = distribution.device_mesh
+    shards = mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)] if hasattr(
+        distribution, "batch_dim_name") and distribution.batch_dim_name in mesh.axis_names else mesh.shape[0]
+    ranks_per_shard = dist.get_world_size() // shards
+    coordinate = dist.get_rank() // ranks_per_shard
+    per_process = batch_size // shards
+
+    def rows(array):
+        batched = array.reshape(len(array) // batch_size, shards, per_process, *array.shape[1:])
+        return batched[:, coordinate].reshape(-1, *array.shape[1:])
+
+    return distribution, [rows(array) for array in arrays], per_process

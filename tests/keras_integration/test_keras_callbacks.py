@@ -14,12 +14,14 @@ import os
 import numpy as np
 import pytest
 
+from _keras_releases import for_this_process
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 EPOCHS, INTERRUPTED_AT = 4, 2
 
 
-def _model_and_data():
+def _model_and_data(distributed=False):
+    """The model, and the data this process feeds (``distributed``: as the active distribution wants it)."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -28,7 +30,10 @@ def _model_and_data():
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, 6)).astype("float32")
-    return model, x, (x[:, :3].argmax(axis=1)).astype("int64")
+    y = (x[:, :3].argmax(axis=1)).astype("int64")
+    if distributed:
+        _, (x, y), _ = for_this_process(keras.distribution.distribution(), [x, y], 8)
+    return model, x, y
 
 
 def interrupted_then_resumed(folder, mesh_shape):
@@ -39,14 +44,16 @@ def interrupted_then_resumed(folder, mesh_shape):
 
     from keras_dtensor_mixfix import keras_integration
 
+    batch_size = 8
     if mesh_shape is not None:
         assert keras_integration.install()
         mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
         layout_map = keras.distribution.LayoutMap(mesh)
         layout_map[".*hidden/kernel"] = (None, "model")
         layout_map[".*head/kernel"] = ("model", None)
-        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
-                                                                             batch_dim_name="batch"))
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+        distribution, _, batch_size = for_this_process(distribution, [np.zeros((16, 1))], batch_size)
+        keras.distribution.set_distribution(distribution)
     try:
         class Interrupt(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
@@ -59,20 +66,25 @@ def interrupted_then_resumed(folder, mesh_shape):
                     keras.callbacks.ModelCheckpoint(os.path.join(folder, "model.keras")),
                     keras.callbacks.CSVLogger(os.path.join(folder, "log.csv"), append=True), *extra]
 
-        model, x, y = _model_and_data()
+        model, x, y = _model_and_data(mesh_shape)
         epochs = []
         record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))
         try:
-            model.fit(x, y, batch_size=8, epochs=EPOCHS, verbose=0, shuffle=False,
+            model.fit(x, y, batch_size=batch_size, epochs=EPOCHS, verbose=0, shuffle=False,
                       callbacks=callbacks(record, Interrupt()))
         except RuntimeError as error:
             assert "interrupted" in str(error)
         after_interruption = sorted(os.listdir(folder)), sorted(os.listdir(os.path.join(folder, "backup")))
-        model, x, y = _model_and_data()  # a new process would start from its initial weights
-        model.fit(x, y, batch_size=8, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks(record))
+        model, x, y = _model_and_data(mesh_shape)  # a new process would start from its initial weights
+        model.fit(x, y, batch_size=batch_size, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks(record))
+        after = sorted(os.listdir(folder))
+        if mesh_shape is not None:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank has listed the folder before any extracts the archive beside it to load it
         checkpoint = keras.saving.load_model(os.path.join(folder, "model.keras"))
         return dict(epochs=epochs, weights=[np.asarray(w) for w in model.get_weights()],
-                    after_interruption=after_interruption, after=sorted(os.listdir(folder)),
+                    after_interruption=after_interruption, after=after,
                     checkpoint=[np.asarray(w) for w in checkpoint.get_weights()])
     finally:
         if mesh_shape is not None:
@@ -121,7 +133,8 @@ def own_callback_writing(folder, wrapped):
     from keras_dtensor_mixfix import keras_integration
 
     assert keras_integration.install()
-    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    distribution, _, batch_size = for_this_process(keras.distribution.DataParallel(), [np.zeros((16, 1))], 8)
+    keras.distribution.set_distribution(distribution)
     seen = []
     path = os.path.join(folder, "epochs.txt")
 
@@ -136,9 +149,9 @@ def own_callback_writing(folder, wrapped):
                 seen.append(handle.read().splitlines())
 
     try:
-        model, x, y = _model_and_data()
+        model, x, y = _model_and_data(distributed=True)
         writer = keras_integration.writes_once(AppendLine()) if wrapped else AppendLine()
-        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[writer, Read()])
+        model.fit(x, y, batch_size=batch_size, epochs=2, verbose=0, callbacks=[writer, Read()])
         return seen
     finally:
         keras.distribution.set_distribution(None)

@@ -11,6 +11,7 @@ import logging
 import numpy as np
 import pytest
 
+from _keras_releases import for_this_process
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 STEPS = 3
@@ -94,13 +95,15 @@ def layout_checks(keys):
         layout_map = keras.distribution.LayoutMap(mesh)
         for key, axes in keys:
             layout_map[key] = axes
-        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
-                                                                             batch_dim_name="batch"))
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="d1"), keras.layers.Dense(4, name="d2")], name="net")
+        distribution, (x, y), batch_size = for_this_process(
+            keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"),
+            [np.ones((4, 6), "float32"), np.ones((4, 4), "float32")], 4)
+        keras.distribution.set_distribution(distribution)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="d1"), keras.layers.Dense(4, name="d2")],
+                                 name="net")
         model.compile(optimizer="adam", loss="mse")
-        x = np.ones((4, 6), "float32")
-        model.fit(x, np.ones((4, 4), "float32"), epochs=1, verbose=0)
-        model.fit(x, np.ones((4, 4), "float32"), epochs=1, verbose=0)  # warned once
+        model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)
+        model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)  # warned once
         report = sharding_report(model)
         return ([r for r in records if "layout map" in r], str(report), report.sharded_count,
                 report.bytes_on_this_rank, report.bytes_in_one_process,
