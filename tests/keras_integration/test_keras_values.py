@@ -11,7 +11,7 @@ import logging
 import numpy as np
 import pytest
 
-from _keras_releases import for_this_process
+from _keras_releases import KERAS_RELEASE, for_this_process
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 STEPS = 3
@@ -116,8 +116,12 @@ def layout_checks(keys):
 
 def test_a_layout_map_key_that_matches_no_variable_is_named_once_with_the_paths_it_meant():
     # the distribution guide's keys: relative paths, which re.fullmatch does not match on Keras 3.15 and later
+    # (before 3.15 Keras matched keys with re.search: they split the model there, and nothing is to warn about)
     for warnings, table, sharded, here, whole, _ in run_on_ranks(
             layout_checks, [("d1/kernel", (None, "model")), ("d2/kernel", ("model", None))], world_size=2, timeout=300):
+        if KERAS_RELEASE < (3, 15):
+            assert warnings == [] and sharded == 2 + 4, (warnings, table)
+            continue
         unmatched = [w for w in warnings if "matches no variable" in w]
         assert len(unmatched) == 2, warnings
         assert "'d1/kernel'" in unmatched[0] and "'.*d1/kernel'" in unmatched[0] and "re.fullmatch" in unmatched[0]

@@ -2,9 +2,9 @@
 
 :func:`sharding_report` reads each variable's value on this rank (a DTensor's placements and local piece; a plain
 tensor is whole) and makes no collective, so any rank may call it alone. :func:`layout_map_coverage` compares a
-``ModelParallel`` layout map with the variables of a model: the keys that match no variable (Keras matches keys to
-whole paths with ``re.fullmatch`` since 3.15, so ``"d1/kernel"`` misses ``"sequential/d1/kernel"``) and whether
-anything is sharded at all. The integration warns with it once per model step function (``data.py``).
+``ModelParallel`` layout map with the variables of a model: the keys that match no variable (as the running Keras
+matches them: whole paths with ``re.fullmatch`` since 3.15, so ``"d1/kernel"`` misses ``"sequential/d1/kernel"``;
+``re.search`` before) and whether anything is sharded at all. The integration warns with it once per model step function (``data.py``).
 """
 
 from __future__ import annotations
@@ -184,8 +184,8 @@ def layout_map_coverage(layout_map: Any, paths: Iterable[str], mesh_shape: Optio
     unmatched = []
     sharded = []
     for key in list(layout_map):
-        pattern = re.compile(key)
-        if not any(pattern.fullmatch(path) for path in paths):
+        if not any(_key_matches(layout_map, key, path) for path in paths):
+            pattern = re.compile(key)
             unmatched.append((key, tuple(path for path in paths if pattern.search(path))))
     for path in paths:
         layout = _layout_for(layout_map, path)
@@ -193,6 +193,14 @@ def layout_map_coverage(layout_map: Any, paths: Iterable[str], mesh_shape: Optio
         if axes and any(axis is not None and (mesh_shape is None or mesh_shape.get(axis, 2) > 1) for axis in axes):
             sharded.append(path)
     return LayoutMapCoverage(tuple(unmatched), tuple(sharded))
+
+
+def _key_matches(layout_map: Any, key: str, path: str) -> bool:
+    """Whether the running Keras matches ``key`` to ``path`` (``re.fullmatch`` since 3.15, ``re.search`` before):
+    asked of a map of that key alone, so that Keras' own rule decides."""
+    probe = type(layout_map)(layout_map.device_mesh)
+    probe[key] = layout_map[key]  # an exact key is looked up as it is
+    return _layout_for(probe, path) is not None
 
 
 def _layout_for(layout_map: Any, path: str) -> Any:
@@ -231,7 +239,8 @@ def warn_about_coverage(model: Any, distribution: Any) -> None:
         hint = (f"; it is found inside {len(near)} path(s), e.g. {near[0]!r}: the key {'.*' + key!r} would match "
                 "them" if near else "")
         log.warning("keras_dtensor_mixfix: layout map key %r matches no variable of model %r (Keras matches a key "
-                    "to a variable's whole path with re.fullmatch since Keras 3.15)%s", key, model.name, hint)
+                    "to a variable's whole path with re.fullmatch since Keras 3.15, re.search before)%s", key,
+                    model.name, hint)
     if not coverage.sharded_paths and "" not in warned:
         warned.add("")
         log.warning("keras_dtensor_mixfix: the layout map splits no variable of model %r, so every rank holds the "
