@@ -157,3 +157,24 @@ def convolution_refusal(world_size):
 
 def test_a_convolution_2_11_would_get_wrong_is_refused_and_the_advice_works(world_size):
     assert run_on_ranks(convolution_refusal, world_size, world_size=world_size) == ["ok"] * world_size
+
+
+def not_equal_of_split_ids(world_size, forced):
+    """``torch.ne`` of split token ids and a plain tensor beside them: the values of one process. (Against a plain
+    0-dim tensor, which DTensor takes as it is, the call is not mixed: the Keras integration's ``not_equal`` covers
+    keras_hub's padding mask, ``tests/keras_integration/test_keras_sharded_ops.py``.)"""
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import Replicate, Shard
+
+    m = mesh_for(world_size)
+    ids = torch.tensor([[3, 0, 5, 0], [0, 7, 7, 1]])
+    split = shard(ids, m, [Replicate()] * (m.ndim - 1) + [Shard(1)])
+    with forced_defect("ne_tensor_without_strategy", forced), mf.patched():
+        against_plain = torch.ne(split, torch.tensor([[3, 1, 5, 0], [0, 0, 7, 1]]))
+    close(against_plain, ids != torch.tensor([[3, 1, 5, 0], [0, 0, 7, 1]]), "ne against a plain tensor")
+    return "ok"
+
+
+@FORCED
+def test_not_equal_beside_a_plain_operand_equals_one_process(world_size, forced):
+    assert run_on_ranks(not_equal_of_split_ids, world_size, forced, world_size=world_size) == ["ok"] * world_size

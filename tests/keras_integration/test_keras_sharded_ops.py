@@ -1063,3 +1063,36 @@ def test_cumsum_of_a_split_dtensor_equals_single_process(split, as_on_2_11):
                                         world_size=2, timeout=300):
         torch.testing.assert_close(value, out.detach())
         torch.testing.assert_close(gradient, reference.grad)
+
+
+def not_equal_of_split_ids(ids, as_on_2_11):
+    """keras_hub's padding mask, ``ops.not_equal(token_ids, 0)``, of ids split by rows on 2 ranks: the global value.
+    ``as_on_2_11``: the integration installed as on torch 2.11, whose DTensor has no strategy for ``ne.Tensor``
+    (repros/torch_ne_tensor_no_strategy.py)."""
+    import keras
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from _ranks import forced_defect
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix.testing import mesh
+
+    with forced_defect("ne_tensor_without_strategy", as_on_2_11):
+        assert keras_integration.install()
+    try:
+        split = distribute_tensor(ids, mesh((2,), ("batch",)), [Shard(0)])
+        return keras.ops.not_equal(split, 0).full_tensor()
+    finally:
+        keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("as_on_2_11", [
+    pytest.param(False, marks=pytest.mark.skipif(
+        _torch_has("ne_tensor_without_strategy"),
+        reason="torch 2.11 has no strategy for ne.Tensor (repros/torch_ne_tensor_no_strategy.py)")),
+    True], ids=["as-installed", "as-on-2.11"])
+def test_not_equal_of_split_ids_equals_single_process(as_on_2_11):
+    import torch
+
+    ids = torch.tensor([[3, 0, 5, 0], [0, 7, 7, 1]])
+    for value in run_on_ranks(not_equal_of_split_ids, ids, as_on_2_11, world_size=2, timeout=300):
+        assert torch.equal(value, ids != 0)

@@ -44,6 +44,7 @@ import torch_fused_sgd_dtensor  # noqa: E402
 import torch_index_put_inplace  # noqa: E402
 import torch_index_put_split_self  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
+import torch_ne_tensor_no_strategy  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
 import torch_no_decomposition_strategy  # noqa: E402
 import torch_pad_2d_mesh  # noqa: E402
@@ -289,6 +290,12 @@ def test_view_flattening_a_split_dim():
            fixed=((2, 14), (2, 15)))
 def test_cumsum_along_a_negative_split_dim():
     _run_repro(torch_cumsum_negative_dim.repro, "AssertionError", "not close", world_size=2)
+
+
+@torch_bug("DTensor has no strategy for ne.Tensor; the package computes a mixed one as logical_not(eq)",
+           broken=((2, 11),), fixed=AFTER_2_11)
+def test_not_equal_of_dtensors():
+    _run_repro(torch_ne_tensor_no_strategy.repro, "NotImplementedError", "aten.ne.Tensor", world_size=2)
 
 
 @torch_bug("DTensor has no strategy for flip, which cumsum's backward calls; the Keras cumsum works around it",

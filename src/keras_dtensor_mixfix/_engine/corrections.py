@@ -202,6 +202,18 @@ def _stack_with_a_non_negative_dim(op: Call) -> Call:
     return stack
 
 
+def _not_equal_as_not_eq(op: Call) -> Call:
+    """``ne.Tensor`` as ``logical_not(eq.Tensor)``: the same values; torch 2.11's DTensor has no strategy for
+    ``ne.Tensor`` (its ``eq.Tensor`` has one)."""
+
+    def not_equal(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != 2:
+            return op(*args, **kwargs)
+        return torch.ops.aten.logical_not.default(torch.ops.aten.eq.Tensor(*args))
+
+    return not_equal
+
+
 def _index_put_on_a_replicated_self(op: Call) -> Call:
     """``index_put`` with ``self`` replicated along the mesh dims that split a dim the indices index, and split
     ``values`` replicated, then the result split back as ``self`` was: torch 2.11's DTensor keeps such a split of
@@ -352,6 +364,7 @@ _ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
     "aten::index_add_.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
     "aten::index_copy.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
     "aten::index_copy_.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
+    "aten::ne.Tensor": ("ne_tensor_without_strategy", _not_equal_as_not_eq),
 }
 """Corrections installed only on the torch releases that have the defect they work around."""
 

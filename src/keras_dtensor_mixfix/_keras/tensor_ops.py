@@ -21,6 +21,8 @@
   start (the same op); on torch 2.11, whose DTensor has no strategy for the ``flip`` its backward calls
   (``repros/torch_flip_no_strategy.py``; keras_hub's Qwen3.5 sums its gates), the input is made whole along the
   axis and each rank sums its piece, so the backward runs on plain tensors.
+- ``not_equal`` on torch 2.11, whose DTensor has no strategy for ``ne.Tensor`` (``repros/torch_ne_tensor_no_strategy.py``;
+  keras_hub's RWKV7 compares its token ids with 0, a 0-dim tensor DTensor takes as it is): ``logical_not(equal)``.
 """
 
 from __future__ import annotations
@@ -47,17 +49,21 @@ def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
         rebind_everywhere(patches, numpy_module.stack, _stack_on_a_non_negative_axis(numpy_module.stack))
     if has_defect("pad_2d_mesh_one_placement", running_torch_version()):
         rebind_everywhere(patches, numpy_module.pad, _pad_on_local_pieces(numpy_module.pad))
+    if has_defect("ne_tensor_without_strategy", running_torch_version()):
+        rebind_everywhere(patches, numpy_module.not_equal,
+                          _not_equal_as_not_equal(numpy_module.not_equal, numpy_module.equal, numpy_module.logical_not))
     on_pieces = has_defect("flip_without_strategy", running_torch_version())
     if on_pieces or has_defect("cumsum_negative_dim_ignored", running_torch_version()):
         rebind_everywhere(patches, numpy_module.cumsum, _dtensor_cumsum(numpy_module.cumsum, on_pieces))
 
 
 OVERRIDE = Override(
-    name="slice_update, one_hot, stack, pad and cumsum", kind=Kind.OPS, family="tensor",
+    name="slice_update, one_hot, stack, pad, cumsum and not_equal", kind=Kind.OPS, family="tensor",
     owner="core(), backend_nn(), backend_numpy() (and every Keras module importing them)",
-    attributes=("slice_update", "one_hot", "stack", "pad", "cumsum"),
+    attributes=("slice_update", "one_hot", "stack", "pad", "cumsum", "not_equal"),
     description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling; "
-                "stack and cumsum take a non-negative axis, pad and cumsum run on local pieces (torch 2.11)",
+                "stack and cumsum take a non-negative axis, pad and cumsum run on local pieces, not_equal is "
+                "logical_not(equal) (torch 2.11)",
     apply=_slice_update_and_one_hot)
 
 
@@ -94,6 +100,20 @@ def _pad_on_local_pieces(original: Any) -> Any:
         return from_pieces(local, x.device_mesh, x.placements, shape)
 
     return pad
+
+
+def _not_equal_as_not_equal(original: Any, equal: Any, logical_not: Any) -> Any:
+    """Keras' ``not_equal`` as ``logical_not(equal)`` where an operand is a DTensor (torch 2.11)."""
+
+    @functools.wraps(original)
+    def not_equal(x1: Any, x2: Any) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(x1, DTensor) or isinstance(x2, DTensor):
+            return logical_not(equal(x1, x2))
+        return original(x1, x2)
+
+    return not_equal
 
 
 def _dtensor_cumsum(original: Any, on_pieces: bool) -> Any:

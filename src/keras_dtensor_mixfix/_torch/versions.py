@@ -147,6 +147,10 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # silently (seen on 2.11.0, 2.12.1 and 2.13.0; right on 2.14.1 and 2.15.0): repros/torch_cumsum_negative_dim.py;
     # the Keras integration's cumsum counts the axis from the start there (_keras/tensor_ops.py).
     "cumsum_negative_dim_ignored": ((2, 11), (2, 12), (2, 13)),
+    # DTensor has no strategy for ne.Tensor (eq.Tensor and the other comparisons have one; seen on 2.11.0; right on
+    # 2.12.1 and later): repros/torch_ne_tensor_no_strategy.py; a mixed call is computed as logical_not(eq) there
+    # (_engine/corrections.py: keras_hub's RWKV7 compares its token ids with 0).
+    "ne_tensor_without_strategy": ((2, 11),),
 }
 """The defects of supported releases that the engine works around on those releases only: each one's name and
 the (major, minor) releases it was seen on; ``tests/patterns/test_torch_repros.py`` runs each repro on every
