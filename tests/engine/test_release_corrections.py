@@ -176,5 +176,6 @@ def not_equal_of_split_ids(world_size, forced):
 
 
 @FORCED
+@pytest.mark.parametrize("world_size", [2])  # an elementwise op: one mesh shows it
 def test_not_equal_beside_a_plain_operand_equals_one_process(world_size, forced):
     assert run_on_ranks(not_equal_of_split_ids, world_size, forced, world_size=world_size) == ["ok"] * world_size
