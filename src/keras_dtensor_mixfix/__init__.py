@@ -29,6 +29,7 @@ _EXPORTS = {
     "ReplicationCheckWarning": "._rules.errors",
     "UnsupportedTorchError": "._rules.errors",
     "DeviceAssignmentError": "._rules.errors",
+    "SpreadValueError": "._rules.errors",
     "UnsupportedKerasError": "._rules.errors",
     "InvalidArgumentError": "._rules.errors",
     "UnknownOperatorError": "._rules.errors",

@@ -89,7 +89,7 @@ def report() -> List[str]:
 
 def writes_once(callback: Any) -> Any:
     """Give a Keras callback (instance or class) what Keras' own file-writing callbacks get under a multi-process
-    distribution: ``keras.src.utils.file_utils``' writes (``makedirs``, ``rmtree``, ``remove``, ``copy``, a ``File``
+    distribution: Keras' ``file_utils`` writes (``makedirs``, ``rmtree``, ``remove``, ``copy``, a ``File``
     opened to write) happen on rank 0 only, and every rank waits after a hook that wrote until rank 0 has written.
     Returns ``callback``. Without it a callback runs on every rank, as it does without the package; to write
     with your own code from one rank, test ``torch.distributed.get_rank() == 0``."""

@@ -2,7 +2,7 @@
 
 Every rank runs every callback. Keras' file-writing callbacks (``BackupAndRestore``, ``ModelCheckpoint``,
 ``CSVLogger``, ``TensorBoard``, ``OrbaxCheckpoint``) make folders, write metadata and delete them through
-``keras.src.utils.file_utils`` with nothing ordering the ranks, so on one shared folder they race:
+Keras' ``file_utils`` with nothing ordering the ranks, so on one shared folder they race:
 ``FileExistsError`` from two ``makedirs``, ``FileNotFoundError`` for a ``training_metadata.json`` another rank's
 ``rmtree`` removed, a CSV file written by every rank. While one of their hooks runs on a multi-process
 distribution, ``file_utils``' writes (``makedirs``, ``rmtree``, ``remove``, ``copy``, a ``File`` opened to write)
@@ -23,6 +23,7 @@ import contextlib
 import functools
 import io
 import threading
+import weakref
 from typing import Any, Callable, Iterator, Optional, Type
 
 from . import keras_modules
@@ -151,26 +152,28 @@ def outside_callback_writes() -> Iterator[None]:
 
 def writes_once(callback: Any) -> Any:
     """``callback`` (a ``keras.callbacks.Callback`` instance or class) with its hooks run as Keras' own file-writing
-    callbacks are under a multi-process distribution: ``keras.src.utils.file_utils``' writes on rank 0 only, and
+    callbacks are under a multi-process distribution: Keras' ``file_utils`` writes on rank 0 only, and
     the ranks in step after a hook that wrote. Returns ``callback``; an instance is changed in place, a class gets
     the hooks it defines wrapped (once)."""
     target = callback if isinstance(callback, type) else None
     for name in HOOKS:
         if target is not None:
             hook = target.__dict__.get(name)
-            if callable(hook) and not getattr(hook, "_mixfix_in_step", False):
+            if callable(hook) and hook not in _IN_STEP:
                 setattr(target, name, _marked(_in_step(hook)))
         else:
-            bound = getattr(callback, name, None)
-            if callable(bound) and not getattr(bound, "_mixfix_in_step", False):
-                function = getattr(bound, "__func__", None)
-                if function is not None and not getattr(function, "_mixfix_in_step", False):
-                    setattr(callback, name, _marked(_in_step(function)).__get__(callback))
+            function = getattr(getattr(callback, name, None), "__func__", None)
+            if function is not None and function not in _IN_STEP:
+                setattr(callback, name, _marked(_in_step(function)).__get__(callback))
     return callback
 
 
+_IN_STEP: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
+"""The hooks already run in step (not wrapped twice)."""
+
+
 def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
-    function._mixfix_in_step = True  # type: ignore[attr-defined]
+    _IN_STEP.add(function)
     return function
 
 

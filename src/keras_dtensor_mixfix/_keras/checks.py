@@ -284,7 +284,7 @@ def check_callback_files() -> str:
     present = [name for name in FILE_CALLBACKS if hasattr(callbacks, name)]
     for name in ("BackupAndRestore", "ModelCheckpoint", "CSVLogger"):
         if name not in present:
-            raise AttributeError(f"keras.src.callbacks has no {name}")
+            raise AttributeError(f"Keras' callbacks package has no {name}")
     return f"file_utils.{', '.join(WRITES + LOOKS)}, File(path, mode); callbacks {', '.join(present)}"
 
 

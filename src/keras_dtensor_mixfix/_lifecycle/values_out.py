@@ -12,19 +12,20 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .._rules.errors import SpreadValueError
 from .recorder import PatchRecorder
 
 
 def whole_local_value(tensor: Any, call: str) -> Any:
-    """The local tensor of ``tensor`` when it holds the whole value on this rank; else a ``RuntimeError`` naming
-    ``call``, the layout, the mesh and what to do."""
+    """The local tensor of ``tensor`` when it holds the whole value on this rank; else a :class:`SpreadValueError`
+    (a ``RuntimeError``) naming ``call``, the layout, the mesh and what to do."""
     placements = tuple(tensor.placements)
     mesh = tensor.device_mesh
     spread = [(dim, p) for dim, p in enumerate(placements) if not p.is_replicate() and mesh.size(dim) > 1]
     if not spread:
         return tensor.to_local()
     kind = "a partial sum" if any(p.is_partial() for _, p in spread) else "split"
-    raise RuntimeError(
+    raise SpreadValueError(
         f"{call} of a DTensor of shape {tuple(tensor.shape)} laid out as {placements} on {mesh}: its value is {kind} "
         f"over the ranks, so reading it takes a collective that every rank must run. Call `.full_tensor()` on every "
         f"rank (not inside a rank-0-only branch), then `{call}` on its result. (A DTensor replicated on every mesh "

@@ -77,6 +77,12 @@ class DeviceAssignmentError(MixfixError, RuntimeError):
         self.ranks: Dict[str, List[int]] = {device: list(on) for device, on in (ranks or {}).items()}
 
 
+class SpreadValueError(MixfixError, RuntimeError):
+    """``.numpy()`` or ``.tolist()`` of a DTensor whose value is spread over the ranks (split, or a partial sum):
+    reading it takes a collective every rank must run (``full_tensor()``). Subclasses ``RuntimeError`` because
+    torch's own refusal of these calls on a DTensor is one."""
+
+
 class UnsupportedKerasError(MixfixError, RuntimeError):
     """``keras_integration.install()`` on a Keras outside the supported releases, or on a newer one allowed by
     the opt-in whose Keras self-check failed; Keras is left as it is. ``reason`` is the one line that says which

@@ -24,6 +24,7 @@ __all__ = [
     "clear_sharding_cache", "dispatch_rule_for", "register_dispatch_rule", "shadow_register", "registration_handle",
     "is_traced", "current_compile_id",
     "aot_autograd_cache", "skipping_save", "without_autograd_cache", "reset_compiled_code", "is_masked_partial",
+    "is_exactly",
 ]
 
 # --------------------------------------------------------------------------- DTensor internals
