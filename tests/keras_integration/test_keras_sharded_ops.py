@@ -11,7 +11,9 @@ wrapped ops are Keras' own, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import math
+
 import numpy as np
 import pytest
 
@@ -634,6 +636,28 @@ def _torch_has(defect):
     return has_defect(defect, torch.__version__)
 
 
+def _as_installed_and_as_on_2_11(defect, reason):
+    """The ``as_on_2_11`` parameter of a test of a torch-2.11 workaround: the integration as this torch installs it
+    (left out where this torch has ``defect``: ``reason``), and as on 2.11, ``defect`` forced."""
+    return pytest.mark.parametrize("as_on_2_11", [
+        pytest.param(False, marks=pytest.mark.skipif(_torch_has(defect), reason=reason)), True],
+        ids=["as-installed", "as-on-2.11"])
+
+
+@contextlib.contextmanager
+def _installed(defect, as_on_2_11):
+    """The integration installed (with ``as_on_2_11``: as on torch 2.11, ``defect`` forced), uninstalled after."""
+    from _ranks import forced_defect
+    from keras_dtensor_mixfix import keras_integration
+
+    with forced_defect(defect, as_on_2_11):
+        assert keras_integration.install()
+    try:
+        yield
+    finally:
+        keras_integration.uninstall()
+
+
 def _placements(spec):
     """DTensor placements from a spec of "R" (replicated) or a tensor dim (split along it), one per mesh dim."""
     from torch.distributed.tensor import Replicate, Shard
@@ -694,13 +718,9 @@ def convolution_of_split_channels(x, kernel, mesh_shape, x_placements, kernel_pl
     import torch
     from torch.distributed.tensor import distribute_tensor
 
-    from _ranks import forced_defect
-    from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
-    with forced_defect("conv_handler_refuses_unsplit", as_on_2_11):
-        assert keras_integration.install()
-    try:
+    with _installed("conv_handler_refuses_unsplit", as_on_2_11):
         device_mesh = mesh(mesh_shape, ("batch", "model"))
         x_leaf = distribute_tensor(x, device_mesh, list(x_placements)).requires_grad_()
         depthwise = distribute_tensor(kernel, device_mesh, list(kernel_placements)).requires_grad_()
@@ -711,8 +731,6 @@ def convolution_of_split_channels(x, kernel, mesh_shape, x_placements, kernel_pl
         ((out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum() + out2.square().sum()).backward()
         return dict(out=out.detach().full_tensor(), out2=out2.detach().full_tensor(), x_grad=x_leaf.grad.full_tensor(),
                     kernel_grad=depthwise.grad.full_tensor(), dense_grad=dense.grad.full_tensor())
-    finally:
-        keras_integration.uninstall()
 
 
 @pytest.mark.parametrize("mesh_shape, x_placements, kernel_placements, as_on_2_11", [
@@ -943,20 +961,14 @@ def stack_of_split_halves(x, as_on_2_11):
     import torch
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from _ranks import forced_defect
-    from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
-    with forced_defect("stack_negative_dim_misplaced", as_on_2_11):
-        assert keras_integration.install()
-    try:
+    with _installed("stack_negative_dim_misplaced", as_on_2_11):
         leaf = distribute_tensor(x, mesh((1, 2), ("batch", "model")), [Replicate(), Shard(2)]).requires_grad_()
         x1, x2 = keras.ops.split(leaf, 2, axis=-1)
         out = keras.ops.reshape(keras.ops.stack((-x2, x1), axis=-2), leaf.shape)
         (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
         return out.detach().full_tensor(), leaf.grad.full_tensor()
-    finally:
-        keras_integration.uninstall()
 
 
 @pytest.mark.parametrize("as_on_2_11", [False, True], ids=["as-installed", "as-on-2.11"])
@@ -984,26 +996,17 @@ def pad_of_a_split_dtensor(x, placements, as_on_2_11):
     import torch
     from torch.distributed.tensor import distribute_tensor
 
-    from _ranks import forced_defect
-    from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
-    with forced_defect("pad_2d_mesh_one_placement", as_on_2_11):
-        assert keras_integration.install()
-    try:
+    with _installed("pad_2d_mesh_one_placement", as_on_2_11):
         leaf = distribute_tensor(x, mesh((1, 2), ("batch", "model")), list(placements)).requires_grad_()
         out = keras.ops.pad(leaf, [[0, 0], [3, 0], [0, 2]])
         (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
         return out.detach().full_tensor(), len(out.placements), leaf.grad.full_tensor()
-    finally:
-        keras_integration.uninstall()
 
 
-@pytest.mark.parametrize("as_on_2_11", [
-    pytest.param(False, marks=pytest.mark.skipif(
-        _torch_has("pad_2d_mesh_one_placement"),
-        reason="torch 2.11 pads into a malformed DTensor on a 2-D mesh (repros/torch_pad_2d_mesh.py)")),
-    True], ids=["as-installed", "as-on-2.11"])
+@_as_installed_and_as_on_2_11("pad_2d_mesh_one_placement",
+                              "torch 2.11 pads into a malformed DTensor on a 2-D mesh (repros/torch_pad_2d_mesh.py)")
 @pytest.mark.parametrize("split", ["R", 0, 1])  # whole, split along a dim not padded, along a padded one
 def test_pad_of_a_split_dtensor_on_a_two_dimensional_mesh_equals_single_process(split, as_on_2_11):
     import keras
@@ -1029,26 +1032,18 @@ def cumsum_of_a_split_dtensor(x, placements, as_on_2_11):
     import torch
     from torch.distributed.tensor import distribute_tensor
 
-    from _ranks import forced_defect
-    from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
-    with forced_defect("flip_without_strategy", as_on_2_11):
-        assert keras_integration.install()  # (the negative axis is counted from the start on every release here)
-    try:
+    # (the negative axis is counted from the start on every release here)
+    with _installed("flip_without_strategy", as_on_2_11):
         leaf = distribute_tensor(x, mesh((1, 2), ("batch", "model")), list(placements)).requires_grad_()
         out = keras.ops.cumsum(leaf, axis=-1)
         (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
         return out.detach().full_tensor(), leaf.grad.full_tensor()
-    finally:
-        keras_integration.uninstall()
 
 
-@pytest.mark.parametrize("as_on_2_11", [
-    pytest.param(False, marks=pytest.mark.skipif(
-        _torch_has("flip_without_strategy"),
-        reason="torch 2.11 has no strategy for the flip of cumsum's backward (repros/torch_flip_no_strategy.py)")),
-    True], ids=["as-installed", "as-on-2.11"])
+@_as_installed_and_as_on_2_11("flip_without_strategy", "torch 2.11 has no strategy for the flip of cumsum's "
+                              "backward (repros/torch_flip_no_strategy.py)")
 @pytest.mark.parametrize("split", ["R", 0, 2])
 def test_cumsum_of_a_split_dtensor_equals_single_process(split, as_on_2_11):
     import keras
@@ -1072,24 +1067,15 @@ def not_equal_of_split_ids(ids, as_on_2_11):
     import keras
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from _ranks import forced_defect
-    from keras_dtensor_mixfix import keras_integration
     from keras_dtensor_mixfix.testing import mesh
 
-    with forced_defect("ne_tensor_without_strategy", as_on_2_11):
-        assert keras_integration.install()
-    try:
+    with _installed("ne_tensor_without_strategy", as_on_2_11):
         split = distribute_tensor(ids, mesh((2,), ("batch",)), [Shard(0)])
         return keras.ops.not_equal(split, 0).full_tensor()
-    finally:
-        keras_integration.uninstall()
 
 
-@pytest.mark.parametrize("as_on_2_11", [
-    pytest.param(False, marks=pytest.mark.skipif(
-        _torch_has("ne_tensor_without_strategy"),
-        reason="torch 2.11 has no strategy for ne.Tensor (repros/torch_ne_tensor_no_strategy.py)")),
-    True], ids=["as-installed", "as-on-2.11"])
+@_as_installed_and_as_on_2_11("ne_tensor_without_strategy",
+                              "torch 2.11 has no strategy for ne.Tensor (repros/torch_ne_tensor_no_strategy.py)")
 def test_not_equal_of_split_ids_equals_single_process(as_on_2_11):
     import torch
 

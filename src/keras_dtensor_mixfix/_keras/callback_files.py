@@ -9,8 +9,8 @@ distribution, ``file_utils``' writes (``makedirs``, ``rmtree``, ``remove``, ``co
 happen on rank 0 only — on the other ranks a write is skipped and a file opened to write takes and drops what is
 written — and a hook that wrote anything ends with a barrier, so that every rank then reads what rank 0 wrote.
 What a hook asks of the file system (``exists``, ``isdir``, ``listdir``) is answered by rank 0 for every rank (one
-broadcast), so every rank takes rank 0's branch; a ``File`` opened to read is read by each rank. ``model.save`` and ``save_weights`` inside
-a hook keep their own division of work (``saving.py``: every rank takes part, rank 0 writes).
+broadcast), so every rank takes rank 0's branch; a ``File`` opened to read is read by each rank. ``model.save`` and
+``save_weights`` inside a hook keep their own division of work (``saving.py``: every rank takes part, rank 0 writes).
 
 Rank 0 writes for all: the folder must be one every rank sees (a shared file system), as with Keras on JAX. A
 user's own callback runs on every rank as it does without the package: :func:`writes_once` gives it the same
@@ -26,7 +26,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional, Type
 
-from . import keras_modules
+from . import keras_modules, rank_zero_gather
 from .._lifecycle.recorder import PatchRecorder
 from .overrides import Kind, Override
 from .patches import rebind_everywhere
@@ -51,12 +51,6 @@ _state = threading.local()
 
 def _in_section() -> bool:
     return getattr(_state, "depth", 0) > 0
-
-
-def _multi_process() -> bool:
-    import torch.distributed as dist
-
-    return keras_modules.distribution() is not None and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _rank() -> int:
@@ -121,7 +115,7 @@ def _in_step(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _in_section() or not _multi_process():
+        if _in_section() or not rank_zero_gather.multi_process():
             return original(self, *args, **kwargs)
         _state.depth = 1
         _state.wrote = False

@@ -27,6 +27,13 @@ class RankZeroStopped(MixfixError, RuntimeError):
     initial value it draws): they stop with this instead of waiting."""
 
 
+def multi_process() -> bool:
+    """Whether a Keras distribution is in force over several processes: then rank 0 writes files for all."""
+    import torch.distributed as dist
+
+    return keras_modules.distribution() is not None and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def from_rank_zero(value: int) -> int:
     """Rank 0's ``value`` on every rank (a broadcast; the other ranks' ``value`` is ignored)."""
     import torch

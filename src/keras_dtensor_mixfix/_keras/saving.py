@@ -47,18 +47,13 @@ OVERRIDE = Override(
     description="saving: rank 0 alone assembles and writes whole weights; loading reads each rank's slices",
     apply=_rank_zero_saving)
 
-def _multi_process() -> bool:
-    import torch.distributed as dist
-
-    return keras_modules.distribution() is not None and dist.is_initialized() and dist.get_world_size() > 1
-
 
 def _rank_zero_writes(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def save(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
-        if not _multi_process():
+        if not rank_zero_gather.multi_process():
             return original(model, filepath, *args, **kwargs)
         try:
             with callback_files.outside_callback_writes():  # inside a callback's hook: this divides its own work
@@ -74,7 +69,7 @@ def _rank_zero_writes(original: Callable[..., Any]) -> Callable[..., Any]:
 def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
-        if not _multi_process():
+        if not rank_zero_gather.multi_process():
             return original(*args, **kwargs)
         try:
             with callback_files.outside_callback_writes(), slice_loading.reading_slices(), _weights_file_on_disk():

@@ -4,7 +4,8 @@
 tensor is whole) and makes no collective, so any rank may call it alone. :func:`layout_map_coverage` compares a
 ``ModelParallel`` layout map with the variables of a model: the keys that match no variable (as the running Keras
 matches them: whole paths with ``re.fullmatch`` since 3.15, so ``"d1/kernel"`` misses ``"sequential/d1/kernel"``;
-``re.search`` before) and whether anything is sharded at all. The integration warns with it once per model step function (``data.py``).
+``re.search`` before) and whether anything is sharded at all. The integration warns with it once per model step
+function (``data.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import re
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from . import whole_weights
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -145,20 +148,11 @@ def _row(variable: Any, role: str) -> VariableSharding:
         axes = [[] for _ in global_shape]
         placements = "plain"
         local_shape = global_shape
-        itemsize = value.element_size() if isinstance(value, torch.Tensor) else _itemsize(variable)
+        itemsize = value.element_size() if isinstance(value, torch.Tensor) else whole_weights.itemsize(variable)
     return VariableSharding(
         path=str(variable.path), role=role, axes=tuple(tuple(a) for a in axes), placements=placements,
         global_shape=global_shape, local_shape=local_shape, dtype=str(variable.dtype),
         local_bytes=math.prod(local_shape) * itemsize, global_bytes=math.prod(global_shape) * itemsize)
-
-
-def _itemsize(variable: Any) -> int:
-    import numpy as np
-
-    try:
-        return np.dtype(str(variable.dtype)).itemsize
-    except TypeError:  # bfloat16 and other dtypes NumPy does not name
-        return 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +178,8 @@ def layout_map_coverage(layout_map: Any, paths: Iterable[str], mesh_shape: Optio
     unmatched = []
     sharded = []
     for key in list(layout_map):
-        if not any(_key_matches(layout_map, key, path) for path in paths):
+        probe = _map_of_one_key(layout_map, key)
+        if not any(_layout_for(probe, path) is not None for path in paths):
             pattern = re.compile(key)
             unmatched.append((key, tuple(path for path in paths if pattern.search(path))))
     for path in paths:
@@ -195,12 +190,12 @@ def layout_map_coverage(layout_map: Any, paths: Iterable[str], mesh_shape: Optio
     return LayoutMapCoverage(tuple(unmatched), tuple(sharded))
 
 
-def _key_matches(layout_map: Any, key: str, path: str) -> bool:
-    """Whether the running Keras matches ``key`` to ``path`` (``re.fullmatch`` since 3.15, ``re.search`` before):
-    asked of a map of that key alone, so that Keras' own rule decides."""
+def _map_of_one_key(layout_map: Any, key: str) -> Any:
+    """A layout map of ``key`` alone: what it matches is what the running Keras matches (``re.fullmatch`` since 3.15,
+    ``re.search`` before)."""
     probe = type(layout_map)(layout_map.device_mesh)
     probe[key] = layout_map[key]  # an exact key is looked up as it is
-    return _layout_for(probe, path) is not None
+    return probe
 
 
 def _layout_for(layout_map: Any, path: str) -> Any:

@@ -21,8 +21,9 @@
   start (the same op); on torch 2.11, whose DTensor has no strategy for the ``flip`` its backward calls
   (``repros/torch_flip_no_strategy.py``; keras_hub's Qwen3.5 sums its gates), the input is made whole along the
   axis and each rank sums its piece, so the backward runs on plain tensors.
-- ``not_equal`` on torch 2.11, whose DTensor has no strategy for ``ne.Tensor`` (``repros/torch_ne_tensor_no_strategy.py``;
-  keras_hub's RWKV7 compares its token ids with 0, a 0-dim tensor DTensor takes as it is): ``logical_not(equal)``.
+- ``not_equal`` on torch 2.11, whose DTensor has no strategy for ``ne.Tensor``
+  (``repros/torch_ne_tensor_no_strategy.py``; keras_hub's RWKV7 compares its token ids with 0, a 0-dim tensor DTensor
+  takes as it is): ``logical_not(equal)``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from . import keras_modules
 from .._lifecycle.recorder import PatchRecorder
-from .local_pieces import from_pieces, piece
+from .local_pieces import from_pieces, on_pieces, piece
 from .overrides import Kind, Override
 from .patches import rebind_everywhere
 
@@ -44,17 +45,19 @@ def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
     rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
     from .._torch.versions import has_defect, running_torch_version
 
+    version = running_torch_version()
     numpy_module = keras_modules.backend_numpy()
-    if has_defect("stack_negative_dim_misplaced", running_torch_version()):
+    if has_defect("stack_negative_dim_misplaced", version):
         rebind_everywhere(patches, numpy_module.stack, _stack_on_a_non_negative_axis(numpy_module.stack))
-    if has_defect("pad_2d_mesh_one_placement", running_torch_version()):
+    if has_defect("pad_2d_mesh_one_placement", version):
         rebind_everywhere(patches, numpy_module.pad, _pad_on_local_pieces(numpy_module.pad))
-    if has_defect("ne_tensor_without_strategy", running_torch_version()):
+    if has_defect("ne_tensor_without_strategy", version):
         rebind_everywhere(patches, numpy_module.not_equal,
-                          _not_equal_as_not_equal(numpy_module.not_equal, numpy_module.equal, numpy_module.logical_not))
-    on_pieces = has_defect("flip_without_strategy", running_torch_version())
-    if on_pieces or has_defect("cumsum_negative_dim_ignored", running_torch_version()):
-        rebind_everywhere(patches, numpy_module.cumsum, _dtensor_cumsum(numpy_module.cumsum, on_pieces))
+                          _not_equal_as_not_of_equal(numpy_module.not_equal, numpy_module.equal,
+                                                     numpy_module.logical_not))
+    cumsum_on_pieces = has_defect("flip_without_strategy", version)
+    if cumsum_on_pieces or has_defect("cumsum_negative_dim_ignored", version):
+        rebind_everywhere(patches, numpy_module.cumsum, _dtensor_cumsum(numpy_module.cumsum, cumsum_on_pieces))
 
 
 OVERRIDE = Override(
@@ -95,14 +98,14 @@ def _pad_on_local_pieces(original: Any) -> Any:
         widths = [[int(w) for w in pair] for pair in (pad_width if len(pad_width) == x.ndim
                                                         else [pad_width[0]] * x.ndim)]
         x = whole_along_axes(x, tuple(dim for dim, pair in enumerate(widths) if any(pair)))
-        local = original(piece(x, x.device_mesh, x.placements), pad_width, *args, **kwargs)
         shape = [size + sum(pair) for size, pair in zip(x.shape, widths)]
-        return from_pieces(local, x.device_mesh, x.placements, shape)
+        return on_pieces(lambda local: original(local, pad_width, *args, **kwargs), [x], x.device_mesh,
+                         [x.placements], x.placements, shape)
 
     return pad
 
 
-def _not_equal_as_not_equal(original: Any, equal: Any, logical_not: Any) -> Any:
+def _not_equal_as_not_of_equal(original: Any, equal: Any, logical_not: Any) -> Any:
     """Keras' ``not_equal`` as ``logical_not(equal)`` where an operand is a DTensor (torch 2.11)."""
 
     @functools.wraps(original)
@@ -116,9 +119,9 @@ def _not_equal_as_not_equal(original: Any, equal: Any, logical_not: Any) -> Any:
     return not_equal
 
 
-def _dtensor_cumsum(original: Any, on_pieces: bool) -> Any:
-    """Keras' ``cumsum`` of a DTensor along an axis counted from the start; with ``on_pieces`` (torch 2.11) on each
-    rank's piece, whole along that axis."""
+def _dtensor_cumsum(original: Any, on_local_pieces: bool) -> Any:
+    """Keras' ``cumsum`` of a DTensor along an axis counted from the start; with ``on_local_pieces`` (torch 2.11) on
+    each rank's piece, whole along that axis."""
     from .normalization import whole_along_axes
 
     @functools.wraps(original)
@@ -128,11 +131,11 @@ def _dtensor_cumsum(original: Any, on_pieces: bool) -> Any:
         if not isinstance(x, DTensor) or not isinstance(axis, int) or x.ndim == 0:
             return original(x, axis, *args, **kwargs)
         axis %= x.ndim
-        if not on_pieces:
+        if not on_local_pieces:
             return original(x, axis, *args, **kwargs)
         x = whole_along_axes(x, axis)
-        local = original(piece(x, x.device_mesh, x.placements), axis, *args, **kwargs)
-        return from_pieces(local, x.device_mesh, x.placements, x.shape)
+        return on_pieces(lambda local: original(local, axis, *args, **kwargs), [x], x.device_mesh, [x.placements],
+                         x.placements, x.shape)
 
     return cumsum
 

@@ -63,7 +63,7 @@ def _warn_if_left_whole(distribution: Any, variable: Any, layout: Any) -> None:
         "keras_dtensor_mixfix: variable %s %s (%.0f MB) matches no rule of the layout map, so every rank holds it "
         "whole, with its optimizer slots, and computes all of its matmul: memory and time; layout_map[%r] = %r "
         "would shard both",
-        variable.path, "x".join(map(str, shape)), math.prod(shape) * _itemsize(variable) / 2**20, rule_key, suggestion)
+        variable.path, "x".join(map(str, shape)), math.prod(shape) * itemsize(variable) / 2**20, rule_key, suggestion)
 
 
 def _sharding_rule(distribution: Any, shape: Tuple[int, ...]) -> Optional[Tuple[Optional[str], ...]]:
@@ -81,7 +81,8 @@ def _sharding_rule(distribution: Any, shape: Tuple[int, ...]) -> Optional[Tuple[
     return tuple(axis if d == dim else None for d in range(len(shape)))
 
 
-def _itemsize(variable: Any) -> int:
+def itemsize(variable: Any) -> int:
+    """The bytes of one element of ``variable``'s dtype."""
     import numpy as np
 
     try:

@@ -16,7 +16,8 @@ from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, chec
                               check_register_goes_through_holder, check_registration_handle,
                               check_rule_runs_before_fast_path)
 from .checks_dtensor import (check_api_imports, check_dtensor_attributes, check_dtensor_spec,
-                             check_exact_placement_classes, check_fast_constructor, check_implicit_replication, check_local_shape_and_offset, check_masked_partial,
+                             check_exact_placement_classes, check_fast_constructor, check_implicit_replication,
+                             check_local_shape_and_offset, check_masked_partial,
                              check_mixed_operand_error, check_redistribute_local_tensor, check_sharding_cache_clear,
                              check_sharding_propagation, check_special_ops)
 from .probe import Check
