@@ -1,9 +1,11 @@
 """Keras' callbacks that write files, on several ranks sharing one folder, as in one process.
 
 ``BackupAndRestore`` interrupted and resumed, with ``ModelCheckpoint`` (weights and ``.keras``) and ``CSVLogger``
-in the same runs: on 2 ranks ((1, 2), ModelParallel) and on a (2, 2) mesh of 4 ranks, against one process doing the
-same — the trained weights, the epochs run, the files left on disk and what they hold. A user's own callback that
-writes through ``file_utils`` writes once with ``keras_integration.writes_once``.
+in the same runs; ``OrbaxCheckpoint`` saving and loading (where Keras has it and orbax-checkpoint is installed);
+``TensorBoard`` with weight histograms (where TensorFlow is installed): on 2 ranks ((1, 2), ModelParallel) and on a
+(2, 2) mesh of 4 ranks, against one process doing the same — the trained weights, the epochs run, the files left on
+disk and what they hold. A user's own callback that writes through ``file_utils`` writes once with
+``keras_integration.writes_once``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ def _model_and_data(distributed=False):
     return model, x, y
 
 
+def _distribute(mesh_shape, batch_size=8):
+    """Installs the integration and sets a ModelParallel distribution splitting both kernels on a ``mesh_shape``
+    mesh (None: nothing); returns the batch size this process feeds."""
+    import keras
+
+    from keras_dtensor_mixfix import keras_integration
+
+    if mesh_shape is None:
+        return batch_size
+    assert keras_integration.install()
+    mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*hidden/kernel"] = (None, "model")
+    layout_map[".*head/kernel"] = ("model", None)
+    distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    distribution, _, batch_size = for_this_process(distribution, [np.zeros((16, 1))], batch_size)
+    keras.distribution.set_distribution(distribution)
+    return batch_size
+
+
 def interrupted_then_resumed(folder, mesh_shape):
     """Fit with BackupAndRestore, ModelCheckpoint (weights and .keras) and CSVLogger into ``folder``, interrupted
     after epoch ``INTERRUPTED_AT``, then fit again to resume; ``mesh_shape`` None: one process, no distribution.
@@ -44,16 +66,7 @@ def interrupted_then_resumed(folder, mesh_shape):
 
     from keras_dtensor_mixfix import keras_integration
 
-    batch_size = 8
-    if mesh_shape is not None:
-        assert keras_integration.install()
-        mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
-        layout_map = keras.distribution.LayoutMap(mesh)
-        layout_map[".*hidden/kernel"] = (None, "model")
-        layout_map[".*head/kernel"] = ("model", None)
-        distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
-        distribution, _, batch_size = for_this_process(distribution, [np.zeros((16, 1))], batch_size)
-        keras.distribution.set_distribution(distribution)
+    batch_size = _distribute(mesh_shape)
     try:
         class Interrupt(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
@@ -122,6 +135,101 @@ def test_backup_and_restore_resumes_and_file_callbacks_write_as_in_one_process(m
                 assert row[key] == expected_row[key], (key, row, expected_row)
             else:
                 np.testing.assert_allclose(float(row[key]), float(expected_row[key]), rtol=1e-5, err_msg=key)
+
+
+def orbax_saved_and_loaded(folder, mesh_shape):
+    """Fit with OrbaxCheckpoint (every epoch and every 3 batches, in the background, the 2 latest kept) into
+    ``folder``, then load the latest into a new model under the same distribution; returns the trained and the
+    loaded weights, the loaded kernel's layout and the checkpoints on disk."""
+    import keras
+
+    from keras_dtensor_mixfix import keras_integration
+
+    batch_size = _distribute(mesh_shape)
+    try:
+        model, x, y = _model_and_data(mesh_shape)
+        model.fit(x, y, batch_size=batch_size, epochs=EPOCHS, verbose=0, shuffle=False,
+                  callbacks=[keras.callbacks.OrbaxCheckpoint(os.path.join(folder, "epochs"), max_to_keep=2),
+                             keras.callbacks.OrbaxCheckpoint(os.path.join(folder, "batches"), save_freq=3)])
+        saved = {name: sorted(os.listdir(os.path.join(folder, name))) for name in ("epochs", "batches")}
+        loaded, _, _ = _model_and_data(mesh_shape)
+        loaded.load_weights(os.path.join(folder, "epochs"))
+        kernel = loaded.get_layer("hidden").kernel.value
+        layout = [p.is_shard(dim=1) for p in kernel.placements] if hasattr(kernel, "placements") else None
+        return dict(weights=[np.asarray(w) for w in model.get_weights()], saved=saved, layout=layout,
+                    loaded=[np.asarray(w) for w in loaded.get_weights()])
+    finally:
+        if mesh_shape is not None:
+            keras.distribution.set_distribution(None)
+            keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
+def test_orbax_checkpoint_saves_once_and_loads_as_in_one_process(mesh_shape, tmp_path):
+    pytest.importorskip("orbax.checkpoint", reason="OrbaxCheckpoint needs orbax-checkpoint (the keras_hub and "
+                                                    "Keras 3.16 CI environments install it)")
+    import keras
+
+    if not hasattr(keras.callbacks, "OrbaxCheckpoint"):
+        pytest.skip(f"Keras {keras.__version__} has no OrbaxCheckpoint (3.15 and later have it)")
+    alone, shared = tmp_path / "one_process", tmp_path / "ranks"
+    alone.mkdir()
+    shared.mkdir()
+    expected = run_on_ranks(orbax_saved_and_loaded, str(alone), None, world_size=1, timeout=300)[0]
+    for got in run_on_ranks(orbax_saved_and_loaded, str(shared), mesh_shape, world_size=mesh_shape[0] * mesh_shape[1],
+                            timeout=300):
+        assert got["saved"] == expected["saved"]
+        assert got["layout"] == [False, True], got["layout"]  # loaded into its layout: split on "model"
+        for name in ("weights", "loaded"):
+            for got_weight, want_weight in zip(got[name], expected[name]):
+                np.testing.assert_allclose(got_weight, want_weight, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def tensorboard_logged(folder, mesh_shape):
+    """Fit with TensorBoard (every batch, weight histograms and images each epoch) into ``folder``; returns, per
+    folder under it, each event file's values as ``(step, tag, value)``."""
+    import glob
+
+    import keras
+    import tensorflow as tf
+
+    from keras_dtensor_mixfix import keras_integration
+
+    batch_size = _distribute(mesh_shape)
+    try:
+        model, x, y = _model_and_data(mesh_shape)
+        model.fit(x, y, batch_size=batch_size, epochs=2, verbose=0, shuffle=False, validation_data=(x, y),
+                  callbacks=[keras.callbacks.TensorBoard(folder, histogram_freq=1, write_images=True, update_freq=1)])
+        logged = {}
+        for path in sorted(glob.glob(os.path.join(folder, "**", "events*"), recursive=True)):
+            events = [(event.step, value.tag, tf.make_ndarray(value.tensor))
+                      for event in tf.compat.v1.train.summary_iterator(path) for value in event.summary.value
+                      if value.HasField("tensor")]
+            logged.setdefault(os.path.relpath(os.path.dirname(path), folder), []).append(events)
+        return logged
+    finally:
+        if mesh_shape is not None:
+            keras.distribution.set_distribution(None)
+            keras_integration.uninstall()
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
+def test_tensorboard_writes_one_event_file_per_folder_as_in_one_process(mesh_shape, tmp_path):
+    pytest.importorskip("tensorflow", reason="TensorBoard writes through tf.summary: TensorFlow and tensorboard are "
+                                             "not in CI's environments (1.3 GB); CONTRIBUTING.md gives the command")
+    alone, shared = tmp_path / "one_process", tmp_path / "ranks"
+    expected = run_on_ranks(tensorboard_logged, str(alone), None, world_size=1, timeout=300)[0]
+    assert sorted(expected) == ["train", "validation"] and all(len(files) == 1 for files in expected.values())
+    for got in run_on_ranks(tensorboard_logged, str(shared), mesh_shape, world_size=mesh_shape[0] * mesh_shape[1],
+                            timeout=300):
+        assert sorted(got) == sorted(expected)
+        for folder, files in got.items():
+            assert len(files) == 1, (folder, len(files))  # rank 0's event file, no other rank's
+            events, want = files[0], expected[folder][0]
+            assert [(step, tag) for step, tag, _ in events] == [(step, tag) for step, tag, _ in want]
+            for (step, tag, value), (_, _, want_value) in zip(events, want):
+                if value.dtype != object:  # text and images are encoded bytes
+                    np.testing.assert_allclose(value, want_value, rtol=1e-4, atol=1e-5, err_msg=f"{tag} {step}")
 
 
 def own_callback_writing(folder, wrapped):

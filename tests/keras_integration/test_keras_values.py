@@ -22,17 +22,19 @@ def _data():
     return rng.normal(size=(8, 6)).astype("float32"), (np.arange(8) % 4).astype("int64")
 
 
-def torch_loop(distributed):
+def torch_loop(mesh_shape):
     """The guide's loop: a Keras model, its loss, torch's backward and a Keras optimizer; each step's loss read
-    four ways, the optimizer's counters read as NumPy; one process when not ``distributed``."""
+    four ways, the optimizer's counters read as NumPy; on a ``mesh_shape`` ModelParallel mesh, or one process when
+    ``mesh_shape`` is None."""
     import keras
     import torch
 
     from keras_dtensor_mixfix import keras_integration
 
+    distributed = mesh_shape is not None
     if distributed:
         assert keras_integration.install()
-        mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], keras.distribution.list_devices())
+        mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
         layout_map = keras.distribution.LayoutMap(mesh)
         layout_map[".*hidden.kernel"] = (None, "model")
         layout_map[".*logits.kernel"] = ("model", None)
@@ -62,9 +64,11 @@ def torch_loop(distributed):
             keras_integration.uninstall()
 
 
-def test_the_pytorch_loop_guide_reads_its_loss_and_counters_as_in_one_process():
-    expected_reads, expected_weights = run_on_ranks(torch_loop, False, world_size=1, timeout=300)[0]
-    for reads, weights in run_on_ranks(torch_loop, True, world_size=2, timeout=300):
+@pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
+def test_the_pytorch_loop_guide_reads_its_loss_and_counters_as_in_one_process(mesh_shape):
+    expected_reads, expected_weights = run_on_ranks(torch_loop, None, world_size=1, timeout=300)[0]
+    world_size = mesh_shape[0] * mesh_shape[1]
+    for reads, weights in run_on_ranks(torch_loop, mesh_shape, world_size=world_size, timeout=300):
         for got, want in zip(reads, expected_reads):
             for got_value, want_value in zip(got, want):
                 np.testing.assert_allclose(np.asarray(got_value, "float64"), np.asarray(want_value, "float64"),

@@ -85,6 +85,8 @@ SKIPPED = {
     "# CPU only (a laptop, a CPU cluster): torch's CPU wheel index, then this package",  # torch's own index
     # replace Keras with keras-nightly in the environment they run in, then the Keras tests (~6 minutes)
     "# Keras 3.16: keras-nightly installs the same `keras` package under another name, so Keras goes first",
+    # installs TensorFlow (1.3 GB, the network), then the TensorBoard callback tests
+    'pip install torch==2.13.0 -e ".[test]" keras==3.15.1 tensorflow-cpu tensorboard',
     # installs keras-hub, its tokenizers and jax (the network), then the real-model tests
     "# keras_hub: --no-deps, since keras-hub's own requirements pull in tensorflow (and tensorflow-text)",
     # Qwen3.5's derived maps on (2, 2) (Qwen3.5's alone 409 s on 2 cores; CI runs the other cells)

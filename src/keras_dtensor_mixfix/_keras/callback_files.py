@@ -11,6 +11,13 @@ written — and a hook that wrote anything ends with a barrier, so that every ra
 What a hook asks of the file system (``exists``, ``isdir``, ``listdir``) is answered by rank 0 for every rank (one
 broadcast), so every rank takes rank 0's branch; a ``File`` opened to read is read by each rank. ``model.save`` and
 ``save_weights`` inside a hook keep their own division of work (``saving.py``: every rank takes part, rank 0 writes).
+``OrbaxCheckpoint`` writes through Orbax, not ``file_utils``: every rank makes the state it saves (Keras' conversion
+to NumPy gathers sharded weights, a collective), rank 0's checkpointer alone saves it (the others' saves are
+dropped), and its ``on_train_end`` (where Orbax finishes background saves) ends with a barrier, so that a checkpoint
+any rank loads after ``fit`` is complete. ``TensorBoard`` writes through TensorFlow's summary writers: on a rank
+other than 0 they write to a folder of that rank's own (deleted at ``on_train_end``, or when the callback goes), so
+that every rank runs the same code (the reads of sharded weights for histograms gather them, a collective) and the
+user's ``log_dir`` holds rank 0's event files alone.
 
 Rank 0 writes for all: the folder must be one every rank sees (a shared file system), as with Keras on JAX. A
 user's own callback runs on every rank as it does without the package: :func:`writes_once` gives it the same
@@ -19,9 +26,12 @@ treatment, or it tests ``torch.distributed.get_rank() == 0`` itself.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import io
+import shutil
+import tempfile
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional, Type
@@ -182,7 +192,90 @@ def _file_callbacks_write_once(patches: PatchRecorder) -> None:
         for name in HOOKS:
             hook = callback_class.__dict__.get(name)
             if callable(hook):
-                patches.set(callback_class, name, _marked(_in_step(hook)))
+                treatment = _OWN_TREATMENT.get((callback_class.__name__, name))
+                patches.set(callback_class, name, _marked(_in_step(treatment(hook) if treatment else hook)))
+
+
+class _SavesDropped:
+    """An Orbax checkpointer on a rank other than 0: its saves are rank 0's (dropped here); the rest is the
+    checkpointer's own."""
+
+    def __init__(self, checkpointer: Any) -> None:
+        self.checkpointer = checkpointer
+
+    def save_checkpointables(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def save_checkpointables_async(self, *args: Any, **kwargs: Any) -> "concurrent.futures.Future[None]":
+        done: "concurrent.futures.Future[None]" = concurrent.futures.Future()
+        done.set_result(None)
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.checkpointer, name)
+
+
+def _orbax_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_model(self: Any, model: Any) -> Any:
+        result = original(self, model)
+        if rank_zero_gather.multi_process() and _rank() != 0 and not isinstance(self.checkpointer, _SavesDropped):
+            self.checkpointer = _SavesDropped(self.checkpointer)
+        return result
+
+    return set_model
+
+
+def _orbax_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def on_train_end(self: Any, logs: Any = None) -> Any:
+        result = original(self, logs)
+        if rank_zero_gather.multi_process():
+            import torch.distributed as dist
+
+            dist.barrier()  # rank 0's background saves are finished and on disk
+        return result
+
+    return on_train_end
+
+
+_OWN_FOLDERS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+"""The folder each TensorBoard callback writes to on this rank (not rank 0) since its ``set_model``."""
+
+
+def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_model(self: Any, model: Any) -> Any:
+        if not rank_zero_gather.multi_process() or _rank() == 0:
+            return original(self, model)
+        log_dir = self.log_dir
+        self.log_dir = _OWN_FOLDERS[self] = tempfile.mkdtemp(prefix=f"keras_dtensor_mixfix-tensorboard-rank{_rank()}-")
+        weakref.finalize(self, shutil.rmtree, self.log_dir, ignore_errors=True)
+        try:
+            return original(self, model)  # its writers write under the rank's own folder
+        finally:
+            self.log_dir = log_dir
+
+    return set_model
+
+
+def _tensorboard_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def on_train_end(self: Any, logs: Any = None) -> Any:
+        result = original(self, logs)  # closes the writers
+        own = _OWN_FOLDERS.pop(self, None)
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+        return result
+
+    return on_train_end
+
+
+_OWN_TREATMENT = {("OrbaxCheckpoint", "set_model"): _orbax_set_model,
+                  ("OrbaxCheckpoint", "on_train_end"): _orbax_train_end,
+                  ("TensorBoard", "set_model"): _tensorboard_set_model,
+                  ("TensorBoard", "on_train_end"): _tensorboard_train_end}
+"""Hooks of a callback that writes other than through ``file_utils``, with what each needs besides."""
 
 
 def _file_callback_classes() -> Iterator[Type[Any]]:
@@ -197,6 +290,6 @@ OVERRIDE = Override(
     name="callbacks that write files", kind=Kind.KERAS_OBJECTS,
     owner="file_utils() and callbacks_package()'s BackupAndRestore, ModelCheckpoint, CSVLogger, TensorBoard, "
           "OrbaxCheckpoint",
-    attributes=WRITES + LOOKS + ("File",) + HOOKS,
+    attributes=WRITES + LOOKS + ("File",) + HOOKS + ("OrbaxCheckpoint.checkpointer", "TensorBoard.log_dir"),
     description="callbacks: files written once (rank 0), the ranks in step after a hook that wrote",
     apply=_file_callbacks_write_once)

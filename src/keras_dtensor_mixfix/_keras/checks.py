@@ -39,6 +39,15 @@ def _takes(function: Any, *parameters: str) -> None:
                         f"(its parameters: {', '.join(found)})")
 
 
+def _source_has(code: Any, *fragments: str) -> None:
+    """``code``'s source holds each fragment (what an override relies on Keras' code doing, where no attribute or
+    signature shows it)."""
+    source = inspect.getsource(code)
+    missing = [fragment for fragment in fragments if fragment not in source]
+    if missing:
+        raise AttributeError(f"{getattr(code, '__qualname__', code)} no longer has {', '.join(missing)}")
+
+
 def check_modules() -> str:
     found = []
     for function in (keras_modules.core, keras_modules.backend_numpy, keras_modules.backend_nn,
@@ -282,9 +291,15 @@ def check_callback_files() -> str:
     _takes(file_utils.File, "path", "mode")
     callbacks = keras_modules.callbacks_package()
     present = [name for name in FILE_CALLBACKS if hasattr(callbacks, name)]
-    for name in ("BackupAndRestore", "ModelCheckpoint", "CSVLogger"):
+    for name in ("BackupAndRestore", "ModelCheckpoint", "CSVLogger", "TensorBoard"):
         if name not in present:
             raise AttributeError(f"Keras' callbacks package has no {name}")
+    # TensorBoard's writers write under the log_dir that set_model reads; OrbaxCheckpoint saves through its
+    # checkpointer's save_checkpointables(_async)
+    _source_has(callbacks.TensorBoard.set_model, "self.log_dir")
+    if "OrbaxCheckpoint" in present:
+        _source_has(callbacks.OrbaxCheckpoint, "self.checkpointer.save_checkpointables(",
+                    "self.checkpointer.save_checkpointables_async(", "self.checkpointer.close()")
     return f"file_utils.{', '.join(WRITES + LOOKS)}, File(path, mode); callbacks {', '.join(present)}"
 
 
