@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from _ranks import close, mesh_for, placements_for, shard
@@ -48,5 +49,9 @@ def dataloader_batches(world_size):
     return "ok"
 
 
+# 2 ranks only: what is tested here is the worker processes (their batches, the patch a forked worker inherits),
+# which do not depend on the mesh; the promotion of `@` and of a replicated operand on the 2-D mesh is tested in
+# test_eager.py (it cost 34 s more of CI here, each of 4 ranks starting 4 workers that import torch)
+@pytest.mark.parametrize("world_size", [2])
 def test_dataloader_worker_processes(world_size):
     assert run_on_ranks(dataloader_batches, world_size, world_size=world_size) == ["ok"] * world_size

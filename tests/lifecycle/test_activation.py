@@ -198,15 +198,20 @@ def test_activation_when_dtensor_is_already_imported_patches_at_once():
     assert "before False" in out and "after True" in out
 
 
-@pytest.mark.parametrize("value", ["0", "false", "off", "no"])
-def test_environment_turns_auto_activation_off(value):
+def test_environment_turns_auto_activation_off():
+    # one fresh process for the path from the environment to the import (each costs seconds of torch import); every
+    # spelling of "off" through the same reader, here
+    from keras_dtensor_mixfix._rules import env
+
+    for value in ("0", "false", "off", "no", " OFF "):
+        assert env.auto_activation_enabled({"KERAS_DTENSOR_MIXFIX": value}) is False, value
     out = _ok(_python(
         """
         import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
         from keras_dtensor_mixfix import _autoload
         print("patched", mf.is_patched(), "|", _autoload.state)
         """,
-        {"KERAS_DTENSOR_MIXFIX": value},
+        {"KERAS_DTENSOR_MIXFIX": "no"},
     ))
     assert "patched False | disabled by KERAS_DTENSOR_MIXFIX" in out
 
@@ -235,28 +240,29 @@ def test_environment_sets_patch_options():
     assert "explicit error False" in out
 
 
-@pytest.mark.parametrize(
-    "env, warning",
-    [
-        ({"KERAS_DTENSOR_MIXFIX_DEFAULT": "sideways"}, "ignoring KERAS_DTENSOR_MIXFIX_DEFAULT='sideways'"),
-        ({"KERAS_DTENSOR_MIXFIX_PLAIN_GRADS": "maybe"}, "ignoring KERAS_DTENSOR_MIXFIX_PLAIN_GRADS='maybe'"),
-        ({"KERAS_DTENSOR_MIXFIX_DEFUALT": "local"}, "unknown variable KERAS_DTENSOR_MIXFIX_DEFUALT"),
-        ({"KERAS_DTENSOR_MIXFIX": "perhaps"}, "ignoring KERAS_DTENSOR_MIXFIX='perhaps'"),
-    ],
-)
-def test_malformed_environment_warns_falls_back_and_never_breaks_import_torch(env, warning):
+MALFORMED = {
+    "KERAS_DTENSOR_MIXFIX_DEFAULT": ("sideways", "ignoring KERAS_DTENSOR_MIXFIX_DEFAULT='sideways'"),
+    "KERAS_DTENSOR_MIXFIX_PLAIN_GRADS": ("maybe", "ignoring KERAS_DTENSOR_MIXFIX_PLAIN_GRADS='maybe'"),
+    "KERAS_DTENSOR_MIXFIX_DEFUALT": ("local", "unknown variable KERAS_DTENSOR_MIXFIX_DEFUALT"),
+    "KERAS_DTENSOR_MIXFIX": ("perhaps", "ignoring KERAS_DTENSOR_MIXFIX='perhaps'"),
+}
+
+
+def test_malformed_environment_warns_falls_back_and_never_breaks_import_torch():
+    # every malformed variable at once, in one fresh process: each warns once and falls back on its own
     result = _python(
         """
         import torch, torch.distributed.tensor, keras_dtensor_mixfix as mf
         print("patched", mf.is_patched(), "default", mf.current_options().default)
         mf.unpatch(); mf.patch(); mf.current_options()  # every one of these reads the environment again
         """,
-        env,
+        {name: value for name, (value, _) in MALFORMED.items()},
     )
     out = _ok(result)
     assert "patched True default replicate" in out
-    assert result.stderr.count(warning) == 1, result.stderr  # once per process, however often it is read
-    assert len(result.stderr.splitlines()) == 1, result.stderr
+    for _, warning in MALFORMED.values():
+        assert result.stderr.count(warning) == 1, result.stderr  # once per process, however often it is read
+    assert len(result.stderr.splitlines()) == len(MALFORMED), result.stderr
 
 
 def test_a_malformed_value_warns_once_per_variable_and_value(caplog):
@@ -420,23 +426,28 @@ def test_rule_packs_disabled_by_environment(tmp_path):
 # --------------------------------------------------------------------------- command line
 
 
-def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules():
-    out = _ok(_python(
-        "import sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))",
+@pytest.fixture(scope="module")
+def doctor_output():
+    """``doctor``'s report in a fresh process that imported ``torch.distributed.tensor`` first (so auto-activation
+    has patched), with an option from the environment: the doctor tests share it (each run costs seconds)."""
+    return _ok(_python(
+        "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))",
         {"KERAS_DTENSOR_MIXFIX_DEFAULT": "local"},
     ))
+
+
+def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules(doctor_output):
+    out = doctor_output
     for needle in ["keras_dtensor_mixfix 0.1.0", "torch 2.", "keras 3.", "mechanism: torch_dispatch_rules",
                    "torch.backends entry point installed: yes", "state:", "default = 'local'  (from KERAS_DTENSOR_MIXFIX_DEFAULT)",
                    "builtin [loaded]", "aten::native_layer_norm", "from pack:builtin"]:
         assert needle in out, (needle, out)
 
 
-def test_doctor_prints_every_self_check_and_fails_when_one_fails():
+def test_doctor_prints_every_self_check_and_fails_when_one_fails(doctor_output):
     from keras_dtensor_mixfix._torch.selfcheck import CHECKS
 
-    out = _ok(_python(
-        "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
-    ))
+    out = doctor_output
     assert "torch version gate" in out and f"supported ({RANGE})" in out
     assert "self-check of the torch internals the package relies on (in this process, on a gloo world of one)" in out
     for name in CHECKS:
@@ -479,10 +490,8 @@ def test_help_answers_without_importing_torch_under_both_names():
     assert result.returncode == 0 and result.stdout.startswith("usage: keras-dtensor-mixfix "), result.stdout
 
 
-def test_doctor_shows_the_live_patch():
-    out = _ok(_python(
-        "import torch.distributed.tensor, sys; from keras_dtensor_mixfix._cli import main; sys.exit(main(['doctor']))"
-    ))
+def test_doctor_shows_the_live_patch(doctor_output):
+    out = doctor_output
     assert "live: yes" in out and "ops hooked" in out and "state: patched when torch.distributed.tensor was imported" in out
 
 

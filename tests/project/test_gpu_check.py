@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.py on CPU, as docs/gpu.md runs it: exit 0 and every row family in its one table.
 
-Runs where keras_hub is importable (CONTRIBUTING's keras_hub environment, by hand while CI's time does not allow
-it), where every row family must have run. About 3 to 5 minutes on 2 cores.
+Runs where keras_hub is importable (CONTRIBUTING's keras_hub environment, which CI runs), where every row family
+must have run. About 3 to 5 minutes on 2 cores.
 """
 
 import importlib.util
@@ -23,7 +23,7 @@ def _has(name):
 
 
 @pytest.mark.skipif(not (_has("keras") and _has("keras_hub")),
-                    reason="runs where keras_hub is installed (CONTRIBUTING's keras_hub environment, by hand), where every row "
+                    reason="runs where keras_hub is installed (CONTRIBUTING's keras_hub environment, in CI), where every row "
                            "family runs; without it the Keras rows would only say skipped, and rows 1 to 3 repeat the "
                            "engine's own tests")
 def test_gpu_check_on_cpu():
