@@ -51,7 +51,11 @@ def is_exactly(placement: Any, *classes: type) -> bool:
     (torch 2.13: the classes are compared with ``==``), and on torch 2.11 ``type(p) is Shard`` is False for a
     placement of a DTensor made inside the traced graph, while ``isinstance`` and the class's name are right.
     """
-    return any(isinstance(placement, cls) and type(placement).__name__ == cls.__name__ for cls in classes)
+    kind = type(placement)
+    for cls in classes:  # a loop, not a generator: this runs for every mesh dim of every promoted operand
+        if kind is cls or (kind.__name__ == cls.__name__ and isinstance(placement, cls)):
+            return True
+    return False
 
 
 def is_masked_partial(placement: Any) -> bool:
