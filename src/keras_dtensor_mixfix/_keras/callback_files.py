@@ -17,7 +17,8 @@ dropped), and its ``on_train_end`` (where Orbax finishes background saves) ends 
 any rank loads after ``fit`` is complete. ``TensorBoard`` writes through TensorFlow's summary writers: on a rank
 other than 0 they write to a folder of that rank's own (deleted at ``on_train_end``, or when the callback goes), so
 that every rank runs the same code (the reads of sharded weights for histograms gather them, a collective) and the
-user's ``log_dir`` holds rank 0's event files alone.
+user's ``log_dir`` holds rank 0's event files alone; its ``on_train_end`` (where the writers are closed) ends with a
+barrier, so that the event files are complete when any rank reads them after ``fit``.
 
 Rank 0 writes for all: the folder must be one every rank sees (a shared file system), as with Keras on JAX. A
 user's own callback runs on every rank as it does without the package: :func:`writes_once` gives it the same
@@ -230,10 +231,8 @@ def _orbax_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def on_train_end(self: Any, logs: Any = None) -> Any:
         result = original(self, logs)
-        if rank_zero_gather.multi_process():
-            import torch.distributed as dist
-
-            dist.barrier()  # rank 0's background saves are finished and on disk
+        # rank 0's background saves are finished and on disk: the barrier of a hook that wrote (_in_step) follows
+        _state.wrote = True
         return result
 
     return on_train_end
@@ -266,6 +265,8 @@ def _tensorboard_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
         own = _OWN_FOLDERS.pop(self, None)
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
+        # rank 0's event files are closed and complete: the barrier of a hook that wrote (_in_step) follows
+        _state.wrote = True
         return result
 
     return on_train_end
