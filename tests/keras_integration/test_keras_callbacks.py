@@ -10,6 +10,7 @@ disk and what they hold. A user's own callback that writes through ``file_utils`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 
@@ -38,24 +39,30 @@ def _model_and_data(distributed=False):
     return model, x, y
 
 
-def _distribute(mesh_shape, batch_size=8):
+@contextlib.contextmanager
+def _distributed(mesh_shape, batch_size=8):
     """Installs the integration and sets a ModelParallel distribution splitting both kernels on a ``mesh_shape``
-    mesh (None: nothing); returns the batch size this process feeds."""
+    mesh (None: nothing) for the block, which gets the batch size this process feeds; both undone after it."""
     import keras
 
     from keras_dtensor_mixfix import keras_integration
 
     if mesh_shape is None:
-        return batch_size
+        yield batch_size
+        return
     assert keras_integration.install()
-    mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map[".*hidden/kernel"] = (None, "model")
-    layout_map[".*head/kernel"] = ("model", None)
-    distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
-    distribution, _, batch_size = for_this_process(distribution, [np.zeros((16, 1))], batch_size)
-    keras.distribution.set_distribution(distribution)
-    return batch_size
+    try:
+        mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*hidden/kernel"] = (None, "model")
+        layout_map[".*head/kernel"] = ("model", None)
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+        distribution, _, batch_size = for_this_process(distribution, [np.zeros((16, 1))], batch_size)
+        keras.distribution.set_distribution(distribution)
+        yield batch_size
+    finally:
+        keras.distribution.set_distribution(None)
+        keras_integration.uninstall()
 
 
 def interrupted_then_resumed(folder, mesh_shape):
@@ -64,10 +71,7 @@ def interrupted_then_resumed(folder, mesh_shape):
     Returns the epochs each run reported, the trained weights and what was in ``folder`` after each run."""
     import keras
 
-    from keras_dtensor_mixfix import keras_integration
-
-    batch_size = _distribute(mesh_shape)
-    try:
+    with _distributed(mesh_shape) as batch_size:
         class Interrupt(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
                 if epoch + 1 == INTERRUPTED_AT:
@@ -99,10 +103,6 @@ def interrupted_then_resumed(folder, mesh_shape):
         return dict(epochs=epochs, weights=[np.asarray(w) for w in model.get_weights()],
                     after_interruption=after_interruption, after=after,
                     checkpoint=[np.asarray(w) for w in checkpoint.get_weights()])
-    finally:
-        if mesh_shape is not None:
-            keras.distribution.set_distribution(None)
-            keras_integration.uninstall()
 
 
 def _csv_rows(path):
@@ -143,10 +143,7 @@ def orbax_saved_and_loaded(folder, mesh_shape):
     loaded weights, the loaded kernel's layout and the checkpoints on disk."""
     import keras
 
-    from keras_dtensor_mixfix import keras_integration
-
-    batch_size = _distribute(mesh_shape)
-    try:
+    with _distributed(mesh_shape) as batch_size:
         model, x, y = _model_and_data(mesh_shape)
         model.fit(x, y, batch_size=batch_size, epochs=EPOCHS, verbose=0, shuffle=False,
                   callbacks=[keras.callbacks.OrbaxCheckpoint(os.path.join(folder, "epochs"), max_to_keep=2),
@@ -158,16 +155,12 @@ def orbax_saved_and_loaded(folder, mesh_shape):
         layout = [p.is_shard(dim=1) for p in kernel.placements] if hasattr(kernel, "placements") else None
         return dict(weights=[np.asarray(w) for w in model.get_weights()], saved=saved, layout=layout,
                     loaded=[np.asarray(w) for w in loaded.get_weights()])
-    finally:
-        if mesh_shape is not None:
-            keras.distribution.set_distribution(None)
-            keras_integration.uninstall()
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
 def test_orbax_checkpoint_saves_once_and_loads_as_in_one_process(mesh_shape, tmp_path):
-    pytest.importorskip("orbax.checkpoint", reason="OrbaxCheckpoint needs orbax-checkpoint (the keras_hub and "
-                                                    "Keras 3.16 CI environments install it)")
+    pytest.importorskip("orbax.checkpoint", reason="OrbaxCheckpoint needs orbax-checkpoint (CI's keras_hub "
+                                                    "environment installs it)")
     import keras
 
     if not hasattr(keras.callbacks, "OrbaxCheckpoint"):
@@ -193,10 +186,7 @@ def tensorboard_logged(folder, mesh_shape):
     import keras
     import tensorflow as tf
 
-    from keras_dtensor_mixfix import keras_integration
-
-    batch_size = _distribute(mesh_shape)
-    try:
+    with _distributed(mesh_shape) as batch_size:
         model, x, y = _model_and_data(mesh_shape)
         model.fit(x, y, batch_size=batch_size, epochs=2, verbose=0, shuffle=False, validation_data=(x, y),
                   callbacks=[keras.callbacks.TensorBoard(folder, histogram_freq=1, write_images=True, update_freq=1)])
@@ -207,10 +197,6 @@ def tensorboard_logged(folder, mesh_shape):
                       if value.HasField("tensor")]
             logged.setdefault(os.path.relpath(os.path.dirname(path), folder), []).append(events)
         return logged
-    finally:
-        if mesh_shape is not None:
-            keras.distribution.set_distribution(None)
-            keras_integration.uninstall()
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
