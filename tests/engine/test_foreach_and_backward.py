@@ -126,6 +126,39 @@ def test_foreach_mixed_lists_tensor_scalars_and_meshes(world_size):
     assert run_on_ranks(foreach_direct, world_size, world_size=world_size) == ["ok"] * world_size
 
 
+
+def foreach_written_plain_row(world_size):
+    """An in-place foreach whose one plain tensor written into sits in row 1 (a Keras 3.16 optimizer slot of a
+    weight the layout map leaves plain): that row runs on whole values, the sharded rows beside it stay sharded
+    (no all-gather; before, every row's sharded operand was gathered whole). Values against one process; the
+    collectives counted: the row-1 Partial gradient's all-reduce (one per mesh dim) and nothing else."""
+    import keras_dtensor_mixfix as mf
+    from torch.distributed.tensor import DTensor, Partial
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    m = mesh_for(world_size)
+    torch.manual_seed(5)
+    slot, grad, plain_slot, bias_grad = torch.randn(8, 6), torch.randn(8, 6), torch.randn(6), torch.randn(6)
+    d_slot = shard(slot, m, placements_for(m, 1))  # the moment of a column-sharded kernel
+    d_grad = shard(grad, m, placements_for(m, 1))
+    # the bias gradient of a row-sharded layer: each rank holds a summand (Partial on every mesh dim)
+    pieces = [torch.randn(6) for _ in range(m.size())]
+    d_bias_grad = DTensor.from_local(pieces[torch.distributed.get_rank()].clone(), m, [Partial()] * m.ndim,
+                                     run_check=False)
+    kept = plain_slot.clone()
+    with mf.patched(), CommDebugMode() as comms:
+        torch._foreach_add_([d_slot, kept], [d_grad, d_bias_grad], alpha=0.5)
+    counts = {str(op).split(".")[-1]: n for op, n in comms.get_comm_counts().items()}
+    close(d_slot, slot + 0.5 * grad, "foreach add_ sharded row")
+    torch.testing.assert_close(kept, plain_slot + 0.5 * sum(pieces), msg="foreach add_ into the plain row")
+    assert type(kept) is torch.Tensor
+    assert counts == {"all_reduce": m.ndim}, counts  # the sharded row moved nothing
+    return "ok"
+
+
+def test_foreach_gathers_only_the_rows_that_write_a_plain_tensor(world_size):
+    assert run_on_ranks(foreach_written_plain_row, world_size, world_size=world_size) == ["ok"] * world_size
+
 class _ScaleInBackward(torch.autograd.Function):
     """Forward is pure DTensor; backward multiplies the DTensor gradient by a plain tensor."""
 

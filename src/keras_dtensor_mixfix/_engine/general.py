@@ -60,13 +60,17 @@ def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
         promoted.append((operand, dtensor, decision, placements))
         if first_plain is None:
             first_plain = plain
-    if any(operand.written for operand, _, _, _ in promoted):
+    written_into = [operand for operand, _, _, _ in promoted if operand.written]
+    if written_into:
         # The op writes into a plain tensor, which holds the whole value: it runs on whole values, every DTensor
         # operand Replicate, as one process runs it (DTensor's in-place strategies mishandle a Replicate output
-        # beside sharded inputs for some ops: scatter_add_, index_add_, index_copy_, masked_fill_).
+        # beside sharded inputs for some ops: scatter_add_, index_add_, index_copy_, masked_fill_). A row-wise op
+        # (foreach, fused optimizers) computes each row apart: only the rows holding such a tensor are made whole.
+        rows = _rows_of(written_into, traits)
         for operand in call.operands:
             # (a DTensor the op writes into too, a foreach row, stays itself: the write must reach it)
-            if not operand.is_plain and not operand.written and operand.position not in replacements:
+            if not operand.is_plain and not operand.written and operand.position not in replacements \
+                    and (rows is None or _row_of(operand, traits) in rows):
                 whole = replicated(operand.tensor)  # type: ignore[arg-type]
                 if whole is not operand.tensor:
                     replacements[operand.position] = whole
@@ -74,3 +78,18 @@ def promote_general(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], tr
     if first_plain is not None and is_traced(first_plain):
         traced_promotions.note()  # this graph holds a promotion: keep it out of torch.compile's caches
     return run_promoted(op_state(func).call, traits, new_args, new_kwargs, promoted)
+
+
+def _row_of(operand: Operand, traits: OpTraits) -> Any:
+    """The row of a row-wise op's list item (its index in the list); None for an operand outside the lists, which
+    every row reads."""
+    position = operand.position
+    return position[1] if len(position) == 2 and position[0] in traits.lists else None
+
+
+def _rows_of(written: Any, traits: OpTraits) -> Any:
+    """The rows the plain tensors ``written`` sit in, for a row-wise op; None (every operand) otherwise."""
+    if not traits.row_wise:
+        return None
+    rows = {_row_of(operand, traits) for operand in written}
+    return None if None in rows else rows | {None}
