@@ -21,7 +21,9 @@ Models (random, fixed data, Keras' default ``jit_compile`` unless a row says oth
   query/key/value kernels split by heads, the untied output projection by vocabulary (docs/keras.md,
   "Speed");
 - ``mlp``: 2 blocks of Dense 256→1024 (relu, column-sharded) → Dense 1024→256 (row-sharded) →
-  LayerNorm, AdamW, batch 64.
+  LayerNorm, AdamW, batch 64, as one flat ``Sequential`` (no repeated block: ``jit_compile`` compiles the whole step);
+- ``blocks``: the same layers as 2 instances of one residual block layer (LayerNorm → Dense 256→1024 → Dense
+  1024→256, added to its input): ``jit_compile`` compiles the block once.
 
 Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on N
 gloo ranks under ``ModelParallel`` on a ("batch", "model") mesh with this package (eager,
@@ -46,6 +48,7 @@ eager on the ranks ≤ 0.4.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -119,6 +122,11 @@ def _layout_map(name: str, mesh: Any) -> Any:
                 layout_map[key] = axes
         return layout_map
     layout_map = keras.distribution.LayoutMap(mesh)
+    if name == "blocks":
+        layout_map[".*block./up/kernel"] = (None, "model")
+        layout_map[".*block./up/bias"] = ("model",)
+        layout_map[".*block./down/kernel"] = ("model", None)
+        return layout_map
     layout_map[".*up./kernel"] = (None, "model")
     layout_map[".*up./bias"] = ("model",)
     layout_map[".*down./kernel"] = ("model", None)
@@ -148,6 +156,14 @@ def build(name: str, jit: bool, distributed: bool) -> Any:
         size = SIZES[SIZE]
         ids = rng.integers(1, config["vocabulary_size"], size=(size["batch"], size["length"])).astype("int32")
         return model, {"token_ids": ids, "padding_mask": np.ones(ids.shape, bool)}, ids
+    if name == "blocks":
+        inputs = keras.Input((256,))
+        hidden = inputs
+        for index in range(2):
+            hidden = _block_class()(name=f"block{index}")(hidden)
+        model = keras.Model(inputs, hidden, name="blocks")
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse", jit_compile=jit)
+        return model, rng.normal(size=(64, 256)).astype("float32"), rng.normal(size=(64, 256)).astype("float32")
     layers: List[Any] = [keras.Input((256,))]
     for block in range(2):
         layers += [keras.layers.Dense(1024, activation="relu", name=f"up{block}"),
@@ -155,6 +171,24 @@ def build(name: str, jit: bool, distributed: bool) -> Any:
     model = keras.Sequential(layers, name="mlp")
     model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse", jit_compile=jit)
     return model, rng.normal(size=(64, 256)).astype("float32"), rng.normal(size=(64, 256)).astype("float32")
+
+
+@functools.lru_cache(maxsize=None)
+def _block_class() -> Any:
+    """The ``blocks`` model's residual block (one class, made once keras is imported)."""
+    import keras
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.norm = keras.layers.LayerNormalization(name="norm")
+            self.up = keras.layers.Dense(1024, activation="relu", name="up")
+            self.down = keras.layers.Dense(256, name="down")
+
+        def call(self, x: Any) -> Any:
+            return x + self.down(self.up(self.norm(x)))
+
+    return Block
 
 
 def _timed_steps(model: Any, x: Any, y: Any, barrier: Any) -> Dict[str, Any]:

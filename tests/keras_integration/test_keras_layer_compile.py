@@ -163,7 +163,8 @@ def _distribution(mesh_shape):
 def compiled_run(mesh_shape, unit, counting=False, refused=False):
     """On this rank: losses, evaluation, predictions and trained weights of 3 steps with ``jit_compile=True``
     under ``unit``; the graphs TorchDynamo made; the warnings; and a direct call's value (outside any step).
-    ``refused``: torch.compile refuses the blocks (as TorchDynamo refuses code it cannot trace)."""
+    ``refused``: torch.compile refuses the blocks (as TorchDynamo refuses code it cannot trace); ``"optimizer"``: it
+    refuses the optimizer's update."""
     import keras
     import torch
     from torch._dynamo.utils import counters
@@ -179,11 +180,18 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False):
     handler.emit = records.append
     logging.getLogger("keras_dtensor_mixfix").addHandler(handler)
     layer_compile.set_compile_unit(unit)
-    group_init = layer_compile._Group.__init__
-    if refused:
-        def refusing(*args, **kwargs):
-            raise torch._dynamo.exc.Unsupported("a refusal made by the test")
+    group_init, apply_init = layer_compile._Group.__init__, layer_compile._CompiledApply.__init__
 
+    def refusing(*args, **kwargs):
+        raise torch._dynamo.exc.Unsupported("a refusal made by the test")
+
+    if refused == "optimizer":
+        def init_apply(region, optimizer):
+            apply_init(region, optimizer)
+            region.compiled = refusing
+
+        layer_compile._CompiledApply.__init__ = init_apply
+    elif refused:
         def init(group, members):
             group_init(group, members)
             group.compiled = refusing
@@ -205,15 +213,17 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False):
                   "trained": model.get_weights(), "graphs": graphs,
                   "graphs_after_direct": counters["stats"]["unique_graphs"], "direct": direct,
                   "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING],
-                  "replaced_calls": sum("call" in vars(layer) for layer in model.layers)}
+                  "replaced_calls": sum("call" in vars(layer) for layer in model.layers),
+                  "optimizer_compiled": "apply" in vars(model.optimizer)}
     finally:
-        layer_compile._Group.__init__ = group_init
+        layer_compile._Group.__init__, layer_compile._CompiledApply.__init__ = group_init, apply_init
         layer_compile.set_compile_unit(None)
         logging.getLogger("keras_dtensor_mixfix").removeHandler(handler)
         keras.distribution.set_distribution(None)
         keras_integration.uninstall()
         keras.backend.clear_session()
     result["replaced_calls_after_uninstall"] = sum("call" in vars(layer) for layer in model.layers)
+    result["optimizer_compiled_after_uninstall"] = "apply" in vars(model.optimizer)
     return result
 
 
@@ -264,9 +274,11 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
         _assert_equal(out, reference)
         assert not out["warnings"], (rank, out["warnings"])
     assert per_layer[0]["graphs_after_direct"] == per_layer[0]["graphs"]
-    # one block graph for training, one for evaluate and predict (no gradient): not one per block
-    assert per_layer[0]["graphs"] == 2, per_layer[0]["graphs"]
+    # one block graph for training, one for evaluate and predict (no gradient): not one per block; one for the
+    # optimizer's update
+    assert per_layer[0]["graphs"] == 3, per_layer[0]["graphs"]
     assert per_layer[0]["replaced_calls"] == BLOCKS and per_layer[0]["replaced_calls_after_uninstall"] == 0
+    assert per_layer[0]["optimizer_compiled"] and not per_layer[0]["optimizer_compiled_after_uninstall"]
 
 
 # The whole-step unit (KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step, an opt-in) compiles the train, test and predict steps
@@ -299,3 +311,12 @@ def test_a_block_torch_cannot_compile_runs_eagerly_and_says_why():
         assert len(out["warnings"]) == 1, out["warnings"]
         assert "runs block_0 (and 3 more like it) eagerly: torch.compile failed: Unsupported" in out["warnings"][0]
         assert "a refusal made by the test" in out["warnings"][0]
+
+
+def test_an_optimizer_update_torch_cannot_compile_runs_eagerly_and_says_why():
+    per_rank = run_on_ranks(compiled_run, (1, 2), "layer", False, "optimizer", world_size=2, timeout=600)
+    reference = _one_process(per_rank[0]["initial"])
+    for out in per_rank:
+        _assert_equal(out, reference)
+        assert len(out["warnings"]) == 1, out["warnings"]
+        assert "runs the optimizer adam's update eagerly: torch.compile failed: Unsupported" in out["warnings"][0]

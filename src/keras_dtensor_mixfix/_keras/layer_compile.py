@@ -35,6 +35,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import keras_modules, keras_private
+from .._lifecycle.recorder import PatchRecorder
 from .._rules import env
 from .._rules.errors import InvalidArgumentError
 
@@ -58,9 +59,8 @@ layers in the order they are tracked, the template's first: the order the member
 
 _override: List[Optional[str]] = [None]
 _active = threading.local()
-_patched: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-"""Every layer whose ``call`` this module replaced, with the group it belongs to (for :func:`uninstall`)."""
-_groups_of: "weakref.WeakKeyDictionary[Any, List[Any]]" = weakref.WeakKeyDictionary()
+_prepared: "weakref.WeakKeyDictionary[Any, _Prepared]" = weakref.WeakKeyDictionary()
+"""Each trainer prepared (held weakly: a model dropped is forgotten), with its groups and what was replaced."""
 
 
 def set_compile_unit(unit: Optional[str]) -> None:
@@ -84,22 +84,38 @@ def compile_unit() -> str:
     return "layer"
 
 
+class _Prepared:
+    """A trainer's groups, and the recorder of the attributes replaced for them (for :func:`uninstall`): each
+    member's ``call`` and the optimizer's ``apply``, instance attributes that hide the class's."""
+
+    def __init__(self, groups: List["_Group"]) -> None:
+        self.groups = groups
+        self.patches = PatchRecorder()
+        self.optimizer: Any = None
+
+
 def prepare(trainer: Any) -> bool:
-    """Whether ``trainer``'s steps compile per layer: groups found and their members' ``call`` replaced (once)."""
+    """Whether ``trainer``'s steps compile per layer: groups found and their members' ``call`` replaced (once), and
+    the optimizer's ``apply`` compiled as a region of its own (:class:`_CompiledApply`)."""
     if compile_unit() != "layer":
         return False
-    groups = _groups_of.get(trainer)
-    if groups is None:
-        groups = [_Group(members) for members in repeated_groups(trainer)]
-        for group in groups:
+    prepared = _prepared.get(trainer)
+    if prepared is None:
+        prepared = _Prepared([_Group(members) for members in repeated_groups(trainer)])
+        for group in prepared.groups:
             for member in group.members:
-                object.__setattr__(member, "call", functools.partial(group.call, member))
-                _patched[member] = group
-        _groups_of[trainer] = groups
-        if groups:
+                prepared.patches.set(member, "call", functools.partial(group.call, member), create=True,
+                                     label=f"{member.name}.call (compiled once for its group)")
+        _prepared[trainer] = prepared
+        if prepared.groups:
             log.info("keras_dtensor_mixfix: jit_compile compiles %s", "; ".join(
-                f"{type(g.members[0]).__name__} once for {len(g.members)} layers" for g in groups))
-    return bool(groups)
+                f"{type(g.members[0]).__name__} once for {len(g.members)} layers" for g in prepared.groups))
+    optimizer = getattr(trainer, "optimizer", None)
+    if prepared.groups and optimizer is not None and optimizer is not prepared.optimizer:  # compile() may bring a new one
+        prepared.patches.set(optimizer, "apply", _CompiledApply(optimizer).apply, create=True,
+                             label=f"{optimizer.name}.apply (compiled)")
+        prepared.optimizer = optimizer
+    return bool(prepared.groups)
 
 
 @contextlib.contextmanager
@@ -124,11 +140,10 @@ def compiling_layers_in(step: Any) -> Any:
 
 
 def uninstall() -> None:
-    """Every replaced ``call`` removed: the layers call their class's ``call`` again."""
-    for layer in list(_patched):
-        vars(layer).pop("call", None)
-    _patched.clear()
-    _groups_of.clear()
+    """Every replaced ``call`` and ``apply`` removed: the layers and optimizers run their class's again."""
+    for prepared in list(_prepared.values()):
+        prepared.patches.restore()
+    _prepared.clear()
 
 
 def repeated_groups(model: Any) -> List[List[Any]]:
@@ -374,3 +389,39 @@ def _changed(before: Dict[Tuple[int, str], Any], after: Dict[Tuple[int, str], An
     return sorted({key for _, key in set(before) ^ set(after)}
                   | {key for (index, key), value in before.items() if (index, key) in after
                      and after[index, key] != value})
+
+
+class _CompiledApply:
+    """An optimizer's ``apply`` compiled as a region of its own while the layers run compiled.
+
+    With the blocks compiled, the update is the largest part of the step left eager: one DTensor dispatch per
+    ``_foreach_*`` op and variable list, every step. Compiled, it runs as one graph on the local pieces. The region
+    is ``apply`` whole, as the whole-step compile traces it (learning-rate schedules, loss scaling, gradient
+    accumulation and clipping included); before the optimizer is built (its first call builds its variables)
+    and outside a compiled step it runs as Keras runs it. A compile that fails leaves it eager, with one warning.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        import torch
+
+        self.optimizer = weakref.ref(optimizer)
+        self.original = type(optimizer).apply
+        self.compiled = torch.compile(self.original, dynamic=False)
+        self.eager_reason: Optional[str] = None
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        import torch
+
+        optimizer = self.optimizer()
+        if (self.eager_reason is not None or not getattr(_active, "on", False) or not optimizer.built
+                or torch.compiler.is_compiling()):
+            return self.original(optimizer, grads, trainable_variables)
+        try:
+            return self.compiled(optimizer, grads, trainable_variables)
+        except Exception as error:  # noqa: BLE001 - the update runs eagerly instead, and says so
+            if not _is_compile_error(error):
+                raise
+            self.eager_reason = f"torch.compile failed: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
+            log.warning("keras_dtensor_mixfix: jit_compile runs the optimizer %s's update eagerly: %s",
+                        optimizer.name, self.eager_reason)
+            return self.original(optimizer, grads, trainable_variables)
