@@ -27,7 +27,8 @@ Models (random, fixed data, Keras' default ``jit_compile`` unless a row says oth
 
 Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on N
 gloo ranks under ``ModelParallel`` on a ("batch", "model") mesh with this package (eager,
-``jit_compile=True`` as the package compiles it by default, each distinct repeated block once, and the whole
+``jit_compile=True`` as the package compiles it by default, each distinct repeated block once and the optimizer's
+update, ``jit``; the same with the update left eager, ``jit-eager-update`` (not run by default); and the whole
 step compiled, ``jit-step``; ``--mesh``, default 1x2: N = 2); JAX on N virtual CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=N``, the same mesh and layout map; skipped when
 jax is not installed). Every torch process runs one intra-op thread, except the row "1 process, eager,
@@ -225,6 +226,12 @@ def torch_ranks(name: str, jit: bool, breakdown: bool, unit: str = "layer") -> D
 
     torch.set_num_threads(1)
     keras_integration.install()
+    if unit == "layer-eager-update":  # each block once, the optimizer's update left eager (what it gains)
+        from keras_dtensor_mixfix._keras import layer_compile
+
+        layer_compile._CompiledApply.apply = lambda region, grads, variables=None: region.original(
+            region.optimizer(), grads, variables)
+        unit = "layer"
     keras_integration.set_compile_unit(unit)
     model, x, y = build(name, jit, distributed=True)
     result = _timed_steps(model, x, y, dist.barrier)
@@ -400,10 +407,12 @@ def _jax_available() -> bool:
     return importlib.util.find_spec("jax") is not None
 
 
-VARIANTS = ("one", "one-cores", "one-jit", "eager", "jit", "jit-step", "jax")
+VARIANTS = ("one", "one-cores", "one-jit", "eager", "jit", "jit-eager-update", "jit-step", "jax")
 """``--variants`` names of the rows, in the order they run (``jit``: the package's default, each distinct repeated
 block compiled once; ``jit-step``: the whole step compiled)."""
-JIT_ROWS = {"jit": ("layer", f"{RANKED}, jit_compile"), "jit-step": ("step", f"{RANKED}, jit_compile, whole step")}
+JIT_ROWS = {"jit": ("layer", f"{RANKED}, jit_compile"),
+            "jit-eager-update": ("layer-eager-update", f"{RANKED}, jit_compile, optimizer update eager"),
+            "jit-step": ("step", f"{RANKED}, jit_compile, whole step")}
 
 
 def measure(name: str, breakdown: bool, variants: Any = VARIANTS) -> Dict[str, Any]:
@@ -546,7 +555,7 @@ def main() -> int:
                         help="the (batch, model) mesh of the distributed variants, e.g. 2x2 (4 ranks)")
     parser.add_argument("--size", choices=sorted(SIZES), default=SIZE,
                         help="tiny (dispatch-bound) or compute (issue 21's compute-bound size); see the docstring")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "jit-eager-update"),
                         help=f"rows to run, of {','.join(VARIANTS)} (one-cores: 1 process on the ranks' cores)")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps per variant (at least 3)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
