@@ -397,8 +397,10 @@ class _CompiledApply:
     With the blocks compiled, the update is the largest part of the step left eager: one DTensor dispatch per
     ``_foreach_*`` op and variable list, every step. Compiled, it runs as one graph on the local pieces. The region
     is ``apply`` whole, as the whole-step compile traces it (learning-rate schedules, loss scaling, gradient
-    accumulation and clipping included); before the optimizer is built (its first call builds its variables)
-    and outside a compiled step it runs as Keras runs it. A compile that fails leaves it eager, with one warning.
+    accumulation and clipping included). Its first call, and any outside a compiled step, runs as Keras runs it:
+    the first builds what Keras makes lazily (the optimizer's variables; AdamW's cache of the variables excluded from
+    weight decay, whose creation made the compiled update compile again at step 2). A compile that fails leaves it
+    eager, with one warning.
     """
 
     def __init__(self, optimizer: Any) -> None:
@@ -408,13 +410,15 @@ class _CompiledApply:
         self.original = type(optimizer).apply
         self.compiled = torch.compile(self.original, dynamic=False)
         self.eager_reason: Optional[str] = None
+        self.called = False
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         import torch
 
         optimizer = self.optimizer()
-        if (self.eager_reason is not None or not getattr(_active, "on", False) or not optimizer.built
-                or torch.compiler.is_compiling()):
+        if (self.eager_reason is not None or not getattr(_active, "on", False) or not self.called
+                or not optimizer.built or torch.compiler.is_compiling()):
+            self.called = self.called or getattr(_active, "on", False)
             return self.original(optimizer, grads, trainable_variables)
         try:
             return self.compiled(optimizer, grads, trainable_variables)
