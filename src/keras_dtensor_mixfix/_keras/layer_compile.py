@@ -327,14 +327,19 @@ class _Group:
         except Exception as error:  # noqa: BLE001 - the layer runs eagerly instead, and says so
             if not _is_compile_error(error):
                 raise
-            # torch's own message, on one line: its first line alone is often only the kind of failure
-            self._eager(f"torch.compile failed: {type(error).__name__}: {' '.join(str(error).split())[:600]}")
+            self._eager(_compile_failure(error))
             return self.original(template, *args, **kwargs)
 
     def _eager(self, reason: str) -> None:
         self.eager_reason = reason
         log.warning("keras_dtensor_mixfix: jit_compile runs %s (and %d more like it) eagerly: %s",
                     self.members[0].name, len(self.members) - 1, reason)
+
+
+def _compile_failure(error: BaseException) -> str:
+    """Why a region runs eagerly: torch's own message, on one line (its first line alone is often only the kind of
+    failure)."""
+    return f"torch.compile failed: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
 
 
 def _is_compile_error(error: BaseException) -> bool:
@@ -425,7 +430,7 @@ class _CompiledApply:
         except Exception as error:  # noqa: BLE001 - the update runs eagerly instead, and says so
             if not _is_compile_error(error):
                 raise
-            self.eager_reason = f"torch.compile failed: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
+            self.eager_reason = _compile_failure(error)
             log.warning("keras_dtensor_mixfix: jit_compile runs the optimizer %s's update eagerly: %s",
                         optimizer.name, self.eager_reason)
             return self.original(optimizer, grads, trainable_variables)
