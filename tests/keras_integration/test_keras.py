@@ -245,20 +245,21 @@ def keras_fit_compiled(world_size, kind):
 
 
 # compiled by Keras' own backend (inductor), with static shapes, equal to one process (keras_fit) on both meshes;
-# DataParallel on 2 ranks only: 4 ranks run the same code path, and inductor's compile of the train, test and
-# predict steps (twice: with and without the distribution) on each of 4 ranks costs ~1 min of CI per environment.
-# The (2, 2) mesh on Keras 3.15 and later only: before 3.15 TorchDynamo breaks the graph at every Keras op
-# (repros/keras_ops_fullgraph.py), and 4 ranks compiling hundreds of small graphs took 163 s on 2 cores
-# (Keras 3.12.4); the code path is the (1, 2) mesh's, and keras_hub's compiled (2, 2) cases run on Keras 3.15.1
+# DataParallel on 2 ranks only: 4 ranks run the same code path. On Keras 3.15 and later only: before 3.15
+# TorchDynamo breaks the graph at every Keras op (repros/keras_ops_fullgraph.py), and compiling hundreds of small
+# graphs for the train, test and predict steps (with and without the distribution) costs minutes on 2 cores; the
+# integration's compile code is the same on 3.12-3.15 (the forked train step), and CI runs these cases on 3.15.1
+# (the keras_hub environment: `-k jit_compile`) and 3.16. Per-block compiles run on every Keras
+# (test_keras_layer_compile.py).
+_COMPILES_OP_BY_OP = pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason=(
+    "Keras before 3.15 compiles op by op (minutes on 2 cores); CI runs these cases on Keras 3.15.1 (ModelParallel on "
+    "(1, 2), DataParallel) and 3.16 (DataParallel), ModelParallel on (2, 2) by hand (CONTRIBUTING.md)"))
+
+
 @pytest.mark.parametrize("world_size, kind", [
-    (2, "model_parallel"),
-    pytest.param(4, "model_parallel_2d", marks=pytest.mark.skipif(
-        not OPS_TRACE_IN_ONE_GRAPH, reason="Keras before 3.15 compiles op by op: minutes on 4 ranks; the (1, 2) "
-                                           "mesh runs the same code path here, (2, 2) runs on Keras 3.15 and 3.16")),
-    pytest.param(2, "data_parallel", marks=pytest.mark.skipif(
-        not OPS_TRACE_IN_ONE_GRAPH, reason="Keras before 3.15 compiles op by op (a minute more of CI per run); "
-                                           "DataParallel's steps compile by the code path of ModelParallel's, run "
-                                           "here on (1, 2); CI runs it on Keras 3.15.1 and 3.16"))])
+    pytest.param(2, "model_parallel", marks=_COMPILES_OP_BY_OP),
+    pytest.param(4, "model_parallel_2d", marks=_COMPILES_OP_BY_OP),
+    pytest.param(2, "data_parallel", marks=_COMPILES_OP_BY_OP)])
 def test_jit_compile(world_size, kind):
     backends, graphs, inductor_events = run_on_ranks(keras_fit_compiled, world_size, kind, world_size=world_size,
                                                      timeout=600)[0]

@@ -260,11 +260,11 @@ def _assert_equal(got, want):
 
 
 # On Keras 3.15 and later only: before 3.15 TorchDynamo breaks the graph at every Keras op (so a block is no one
-# graph), and ranks compiling each small graph on 2 cores cost minutes; test_keras.py's test_jit_compile runs the
-# per-block compile there, and the Keras 3.16 environment runs both meshes here
+# graph), and ranks compiling each small graph on 2 cores cost minutes; the three tests after it run the per-block
+# compile there (with a block or the update refused), and the Keras 3.16 environment runs both meshes here
 @pytest.mark.skipif(not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
                                                       "one graph each (what this test counts) and 4 ranks take minutes; "
-                                                      "test_keras.py's test_jit_compile runs the per-block compile there, "
+                                                      "the refusal tests below run the per-block compile there, "
                                                       "this test runs on Keras 3.16")
 @pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
 def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):

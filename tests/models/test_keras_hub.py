@@ -21,13 +21,14 @@ Every keras_hub 0.32 CausalLM with a text backbone (24 models, those six among t
 The cases of one world size run in one ``run_on_ranks`` call (starting ranks costs seconds);
 each case is checked by its own test. ``MIXFIX_TEST_MESHES="2x4,4x2"`` adds
 ModelParallel meshes (8 ranks: slow, documented in docs/keras.md, not in CI). ``MIXFIX_TEST_MAP_MODELS``,
-``MIXFIX_TEST_DERIVED_2D_MODELS``, ``MIXFIX_TEST_COMPILED_MODELS`` and ``MIXFIX_TEST_COMPILED_MESHES`` narrow the
-other families (CI's choices: CONTRIBUTING.md).
+``MIXFIX_TEST_MAP_4_RANK_MODELS``, ``MIXFIX_TEST_DERIVED_2D_MODELS``, ``MIXFIX_TEST_COMPILED_MODELS`` and
+``MIXFIX_TEST_COMPILED_MESHES`` narrow the other families (CI's choices: CONTRIBUTING.md).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import traceback
 
@@ -64,6 +65,11 @@ def _asked(variable, name, default="all"):
     return "all" in names or name in names
 
 
+def _world(shape):
+    """The rank count of a (mode, shape) case's shape: the product of a mesh shape, or DataParallel's (n,)."""
+    return math.prod(shape)
+
+
 def _meshes(variable, default=""):
     """The mesh shapes an environment variable names ("1x2,2x4")."""
     return [tuple(int(n) for n in shape.split("x")) for shape in os.environ.get(variable, default).split(",") if shape]
@@ -79,9 +85,11 @@ def _layouts():
 
 LAYOUTS = _layouts()
 # keras_hub's own maps: MIXFIX_TEST_MAP_MODELS names some of the six ("all", or unset: every one; CI's Keras 3.16
-# environment runs a dense model and a mixture of experts, its keras_hub environment all six)
+# environment runs none, its keras_hub environment all six); MIXFIX_TEST_MAP_4_RANK_MODELS narrows their cases on
+# more than 2 ranks ((2, 2), DataParallel on 4, MIXFIX_TEST_MESHES') to some of those (CI's keras_hub environment: a
+# dense model and a mixture of experts)
 CASES = [(name, mode, shape) for name in sorted(MODELS) if _asked("MIXFIX_TEST_MAP_MODELS", name)
-         for mode, shape in LAYOUTS]
+         for mode, shape in LAYOUTS if _world(shape) == 2 or _asked("MIXFIX_TEST_MAP_4_RANK_MODELS", name)]
 # Llama3 under keras_hub's map with the tensor-parallel rules docs/keras.md gives for speed ("Speed"): the
 # query/key/value kernels split by heads and the untied output projection by vocabulary (vocabulary-split logits:
 # the loss over each rank's classes)
@@ -89,7 +97,10 @@ TENSOR_PARALLEL_RULES = {
     "transformer_layer.*self_attention.*(query|key|value).kernel": ("batch", "model", None),
     "token_embedding/reverse_embeddings": ("batch", "model"),
 }
-CASES += [("llama3", "model_parallel_tp", (1, 2)), ("llama3", "model_parallel_tp", (2, 2))]
+# (keras_hub's map underneath: the two variables above select these as Llama3's own-map cases)
+CASES += [("llama3", "model_parallel_tp", shape) for shape in ((1, 2), (2, 2))
+          if _asked("MIXFIX_TEST_MAP_MODELS", "llama3")
+          and (_world(shape) == 2 or _asked("MIXFIX_TEST_MAP_4_RANK_MODELS", "llama3"))]
 # keras_hub's SmolLM3 has no get_layout_map: a map written after Llama's, by hand (issue 32 derives them). On (2, 2)
 # its RMSNormalization met activations split along the hidden dim over "batch" (Keras' build call and generate())
 # and failed in torch's F.rms_norm ("aten.add_.Scalar: in-place operations that require placement changes")
