@@ -34,6 +34,7 @@ torchrun (``PET_MASTER_PORT``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -488,44 +489,53 @@ def _packs_that_fail(site: pathlib.Path) -> None:
 
 
 def _real_messages(tmp_path: pathlib.Path) -> Dict[str, str]:
+    """Each quoted message as a user's program prints it; the programs are independent, so they run side by side."""
+    from keras_dtensor_mixfix._keras import keras_modules
+
     script = tmp_path / "cases.py"
     script.write_text(_RANK_CASES)
-    ranks = _run_past_exit_aborts(["torchrun", "--nproc-per-node=2", "--master-addr", "127.0.0.1", str(script)],
-                                  env=_user_environment(), cwd=tmp_path)
+    _packs_that_fail(tmp_path / "site")
+    opted_in = {**_user_environment(), "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"}
+    keras_environment = {**_user_environment(), "KERAS_BACKEND": "torch"}
+    newest = keras_modules.NEWEST_KERAS
+
+    def python(*arguments: str, env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run([sys.executable, *arguments], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+    programs = {
+        "ranks": lambda: _run_past_exit_aborts(
+            ["torchrun", "--nproc-per-node=2", "--master-addr", "127.0.0.1", str(script)], env=_user_environment(),
+            cwd=tmp_path),
+        "unsupported_torch": lambda: python("-c", _UNSUPPORTED_TORCH, env=_user_environment()),
+        "newer_torch_allowed": lambda: python("-c", _UNSUPPORTED_TORCH, env=opted_in),
+        "newer_torch_refused": lambda: python("-c", _UNSUPPORTED_TORCH, "rule_before_fast_path", env=opted_in),
+        "older_keras": lambda: python("-c", _UNSUPPORTED_KERAS, "3.11.3", env=keras_environment),
+        "newer_keras": lambda: python("-c", _UNSUPPORTED_KERAS, f"{newest[0]}.{newest[1] + 1}.0",
+                                      env=keras_environment),
+        "packs": lambda: python("-c", "import keras_dtensor_mixfix as mf; mf.patch()",
+                                env=_user_environment(tmp_path / "site")),
+    }
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(program) for name, program in programs.items()}
+        results = {name: future.result() for name, future in futures.items()}
+
+    ranks = results.pop("ranks")
     assert ranks.returncode == 0 and ranks.stderr == "", ranks.stdout + ranks.stderr
     found = json.loads(ranks.stdout.strip().splitlines()[-1])
-
-    unsupported = subprocess.run([sys.executable, "-c", _UNSUPPORTED_TORCH], env=_user_environment(),
-                                 capture_output=True, text=True, timeout=TIMEOUT)
+    unsupported = results.pop("unsupported_torch")
     assert unsupported.returncode == 0, unsupported.stderr
     found["unsupported_torch"] = unsupported.stderr.splitlines()[0]
     found["unsupported_torch_patch"] = unsupported.stdout.splitlines()[0]
-    opted_in = {**_user_environment(), "KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_TORCH": "1"}
-    for case, failing in (("newer_torch_allowed", []), ("newer_torch_refused", ["rule_before_fast_path"])):
-        newer = subprocess.run([sys.executable, "-c", _UNSUPPORTED_TORCH, *failing], env=opted_in,
-                               capture_output=True, text=True, timeout=TIMEOUT)
-        assert newer.returncode == 0 and len(newer.stderr.splitlines()) == 1, newer.stdout + newer.stderr
-        found[case] = newer.stderr.splitlines()[0]
-
-    from keras_dtensor_mixfix._keras import keras_modules
-
-    newest = keras_modules.NEWEST_KERAS
-    keras_environment = {**_user_environment(), "KERAS_BACKEND": "torch"}
-    for case, version in (("older_keras", "3.11.3"), ("newer_keras", f"{newest[0]}.{newest[1] + 1}.0")):
-        refused = subprocess.run([sys.executable, "-c", _UNSUPPORTED_KERAS, version], env=keras_environment,
-                                 capture_output=True, text=True, timeout=TIMEOUT)
-        assert refused.returncode == 0 and len(refused.stderr.splitlines()) == 1, refused.stdout + refused.stderr
-        found[case] = refused.stderr.splitlines()[0]
-
-    _packs_that_fail(tmp_path / "site")
-    packs = subprocess.run([sys.executable, "-c", "import keras_dtensor_mixfix as mf; mf.patch()"],
-                           env=_user_environment(tmp_path / "site"), capture_output=True, text=True, timeout=TIMEOUT)
+    packs = results.pop("packs")
     assert packs.returncode == 0, packs.stderr
     for line in packs.stderr.splitlines():
         if "rule pack 'flash'" in line:
             found["pack_import"] = line
         if "rule pack 'typo'" in line:
             found["pack_raises"] = line
+    for case, result in results.items():  # the gates: one line on stderr each
+        assert result.returncode == 0 and len(result.stderr.splitlines()) == 1, result.stdout + result.stderr
+        found[case] = result.stderr.splitlines()[0]
     return found
 
 
