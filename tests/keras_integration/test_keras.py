@@ -248,9 +248,8 @@ def keras_fit_compiled(world_size, kind):
 # DataParallel on 2 ranks only: 4 ranks run the same code path. On Keras 3.15 and later only: before 3.15
 # TorchDynamo breaks the graph at every Keras op (repros/keras_ops_fullgraph.py), and compiling hundreds of small
 # graphs for the train, test and predict steps (with and without the distribution) costs minutes on 2 cores; the
-# integration's compile code is the same on 3.12-3.15 (the forked train step), and CI runs these cases on 3.15.1
-# (the keras_hub environment: `-k jit_compile`) and 3.16. Per-block compiles run on every Keras
-# (test_keras_layer_compile.py).
+# integration's compile code is the same on 3.12-3.15 (the forked train step). Where CI runs each case: the skip
+# reason. Per-block compiles run on every Keras (test_keras_layer_compile.py).
 _COMPILES_OP_BY_OP = pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason=(
     "Keras before 3.15 compiles op by op (minutes on 2 cores); CI runs these cases on Keras 3.15.1 (ModelParallel on "
     "(1, 2), DataParallel) and 3.16 (DataParallel), ModelParallel on (2, 2) by hand (CONTRIBUTING.md)"))

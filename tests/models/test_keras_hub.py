@@ -65,9 +65,11 @@ def _asked(variable, name, default="all"):
     return "all" in names or name in names
 
 
-def _world(shape):
-    """The rank count of a (mode, shape) case's shape: the product of a mesh shape, or DataParallel's (n,)."""
-    return math.prod(shape)
+def _map_case_asked(name, shape):
+    """Whether a case under keras_hub's own map for ``name`` runs: MIXFIX_TEST_MAP_MODELS names the model, and beyond
+    2 ranks (the product of a mesh shape, or DataParallel's (n,)) MIXFIX_TEST_MAP_4_RANK_MODELS does too."""
+    return _asked("MIXFIX_TEST_MAP_MODELS", name) and (math.prod(shape) == 2
+                                                      or _asked("MIXFIX_TEST_MAP_4_RANK_MODELS", name))
 
 
 def _meshes(variable, default=""):
@@ -88,8 +90,7 @@ LAYOUTS = _layouts()
 # environment runs none, its keras_hub environment all six); MIXFIX_TEST_MAP_4_RANK_MODELS narrows their cases on
 # more than 2 ranks ((2, 2), DataParallel on 4, MIXFIX_TEST_MESHES') to some of those (CI's keras_hub environment: a
 # dense model and a mixture of experts)
-CASES = [(name, mode, shape) for name in sorted(MODELS) if _asked("MIXFIX_TEST_MAP_MODELS", name)
-         for mode, shape in LAYOUTS if _world(shape) == 2 or _asked("MIXFIX_TEST_MAP_4_RANK_MODELS", name)]
+CASES = [(name, mode, shape) for name in sorted(MODELS) for mode, shape in LAYOUTS if _map_case_asked(name, shape)]
 # Llama3 under keras_hub's map with the tensor-parallel rules docs/keras.md gives for speed ("Speed"): the
 # query/key/value kernels split by heads and the untied output projection by vocabulary (vocabulary-split logits:
 # the loss over each rank's classes)
@@ -98,9 +99,7 @@ TENSOR_PARALLEL_RULES = {
     "token_embedding/reverse_embeddings": ("batch", "model"),
 }
 # (keras_hub's map underneath: the two variables above select these as Llama3's own-map cases)
-CASES += [("llama3", "model_parallel_tp", shape) for shape in ((1, 2), (2, 2))
-          if _asked("MIXFIX_TEST_MAP_MODELS", "llama3")
-          and (_world(shape) == 2 or _asked("MIXFIX_TEST_MAP_4_RANK_MODELS", "llama3"))]
+CASES += [("llama3", "model_parallel_tp", shape) for shape in ((1, 2), (2, 2)) if _map_case_asked("llama3", shape)]
 # keras_hub's SmolLM3 has no get_layout_map: a map written after Llama's, by hand (issue 32 derives them). On (2, 2)
 # its RMSNormalization met activations split along the hidden dim over "batch" (Keras' build call and generate())
 # and failed in torch's F.rms_norm ("aten.add_.Scalar: in-place operations that require placement changes")
