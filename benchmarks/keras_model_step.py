@@ -227,7 +227,7 @@ def torch_ranks(name: str, jit: bool, breakdown: bool, unit: str = "layer") -> D
     torch.set_num_threads(1)
     keras_integration.install()
     if unit == "layer-eager-update":  # each block once, the optimizer's update left eager (what it gains)
-        from keras_dtensor_mixfix._keras import layer_compile
+        from keras_dtensor_mixfix._keras.step import layer_compile
 
         layer_compile._CompiledApply.apply = lambda region, grads, variables=None: region.original(
             region.optimizer(), grads, variables)
@@ -237,7 +237,7 @@ def torch_ranks(name: str, jit: bool, breakdown: bool, unit: str = "layer") -> D
     result = _timed_steps(model, x, y, dist.barrier)
     result["all_reduce_ms"] = _all_reduce_latency()
     if jit:
-        from keras_dtensor_mixfix._keras.layer_compile import repeated_groups
+        from keras_dtensor_mixfix._keras.step.layer_compile import repeated_groups
 
         result["compile_s"] = _compile_seconds()
         # what was compiled once for several layers (none: the whole step was)

@@ -11,7 +11,7 @@ one, then raises on the piece:
 Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, with every operand a DTensor split along its batch (DataParallel's
 layout) — no mixed operand, no keras_dtensor_mixfix. keras_hub's Qwen3.5 met it in the backward of its gated delta
 net (``softplus`` of a projection, read back transposed); the Keras integration gives those activations a
-contiguous gradient (``_keras/activations.py``). ``hardtanh``/``hardsigmoid``/``hardswish`` share the meta
+contiguous gradient (``_keras/ops/activations.py``). ``hardtanh``/``hardsigmoid``/``hardswish`` share the meta
 disagreement, but DTensor has no strategy for their backward at all.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_activation_backward_strides.py`` (exits 1

@@ -9,7 +9,7 @@ does) goes to DTensor's ``argminmax_handler``, which gathers the pieces and fail
 Seen on torch 2.12.1 and 2.13.0 (keras_hub Gemma and Qwen on a (4, 2) mesh, 4 rows); fixed in 2.15.0 (2.14
 not checked); with two rows per rank it passes. No keras_dtensor_mixfix involved.
 keras_dtensor_mixfix's Keras ``argmax``/``argmin`` avoid it by gathering the reduced dim first
-(``_keras/reduction_ops.py``: ``whole_along``).
+(``_keras/ops/reduction_ops.py``: ``whole_along``).
 
 Run: ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 repros/torch_argmax_2d.py`` (exits 1 while
 the bug is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.

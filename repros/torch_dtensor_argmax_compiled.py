@@ -10,9 +10,9 @@ Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involve
 It matters inside Keras: a break under Keras' ``name_scope`` context manager cannot be taken gracefully,
 so TorchDynamo throws the frame away and traces again from the frames inside it; in a compiled
 keras_hub step (the accuracy metric's argmax over vocabulary-split logits, and the same offset read in
-our vocabulary-parallel loss) each such break retraced the model. ``_keras/reduction_ops.py``
+our vocabulary-parallel loss) each such break retraced the model. ``_keras/ops/reduction_ops.py``
 (``winner_across_pieces``) gathers each piece's winner instead while compiling, and
-``_keras/local_pieces.py`` (``first_index_here``) computes the offset in Python integers.
+``_keras/backend/local_pieces.py`` (``first_index_here``) computes the offset in Python integers.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dtensor_argmax_compiled.py``
 (exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.

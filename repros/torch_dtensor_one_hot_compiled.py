@@ -9,7 +9,7 @@ Seen on torch 2.12.1, 2.13.0 and 2.15.0; not on 2.11.0. No keras_dtensor_mixfix 
 keras_hub's Qwen MoE router calls Keras' ``one_hot`` on its expert choices; compiled under
 ``ModelParallel`` the break happened inside Keras' ``name_scope``, the model was traced again, and a
 split graph returning a view of its DTensor input then failed in AOTAutograd ("as_strided not
-supported with DTensor"). ``_keras/tensor_ops.py`` (``_local_one_hot``) encodes the local piece while
+supported with DTensor"). ``_keras/ops/tensor_ops.py`` (``_local_one_hot``) encodes the local piece while
 compiling.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dtensor_one_hot_compiled.py``

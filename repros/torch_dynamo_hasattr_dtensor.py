@@ -8,7 +8,7 @@ only when compiled:
     eager (True, True), compiled (False, True)
 
 Seen on torch 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved.
-keras_dtensor_mixfix's Keras attention (``_keras/attention_ops.py``: ``_local_piece``) asked that
+keras_dtensor_mixfix's Keras attention (``_keras/ops/attention_ops.py``: ``_local_piece``) asked that
 ``hasattr`` to take each rank's piece; compiled, the pieces stayed whole DTensors and Keras' attention
 ran on them, which AOTAutograd then failed to replay ("as_strided not supported with DTensor") in
 keras_hub's Llama3 and Qwen under ``jit_compile=True``. It asks ``isinstance`` instead.

@@ -11,7 +11,7 @@ the first reduction fails:
 
 Seen on torch 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved: plain DTensor code.
 keras_dtensor_mixfix's Keras ``take`` avoids it by gathering the table over "batch" first
-(``_keras/embedding_ops.py``: ``whole_where_indices_split``).
+(``_keras/ops/embedding_ops.py``: ``whole_where_indices_split``).
 
 Run: ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 repros/torch_embedding_mask_2d.py``
 (exits 1 while the bug is there); ``tests/patterns/test_torch_repros.py`` runs it on 4 ranks as an

@@ -5,7 +5,7 @@ operand a DTensor and even all of them ``Replicate``. The out-of-place ``index_p
 Seen on torch 2.11.0; there on 2.12.1 and later. No keras_dtensor_mixfix involved. keras_dtensor_mixfix runs the
 mixed calls it promotes as ``index_put`` written back into ``self`` on that release (``_engine/corrections.py``),
 and the Keras integration's ``slice_update`` updates the replicated values' local tensors there
-(``_keras/tensor_ops.py``).
+(``_keras/ops/tensor_ops.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_index_put_inplace.py`` (exits 1 while the
 limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure on that release.

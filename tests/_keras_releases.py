@@ -34,7 +34,7 @@ def feeds_own_shard():
     """Whether each process feeds its own shard of the batch (Keras 3.16's own data distribution, which refuses
     NumPy input on several processes unless told ``auto_shard_dataset = False``); earlier Keras with the package:
     each process feeds the global batch and keeps its slice."""
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     return keras_modules.native_data_distribution()
 

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, Optional, Sequence
 
-from ._keras.keras_modules import INSTALL_TRIGGERS
+from ._keras.boundary.keras_modules import INSTALL_TRIGGERS
 
 log = logging.getLogger("keras_dtensor_mixfix")
 

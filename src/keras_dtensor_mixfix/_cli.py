@@ -34,7 +34,6 @@ def doctor(out: TextIO = sys.stdout) -> int:
     import keras_dtensor_mixfix as mf
 
     from . import _autoload
-
     from ._rules import env as _env
 
     # DTensor first: its import runs auto-activation, which imports the lifecycle modules itself;
@@ -42,9 +41,8 @@ def doctor(out: TextIO = sys.stdout) -> int:
     import torch.distributed.tensor  # noqa: F401
 
     from ._lifecycle import intercept as _intercept
-
-    from ._rules import packs as _packs
     from ._lifecycle.patching import interceptor
+    from ._rules import packs as _packs
     from ._rules.registry import registry
 
     _write(out, f"keras_dtensor_mixfix {mf.__version__}")
@@ -147,8 +145,9 @@ def _doctor_keras(out: TextIO) -> bool:
     import importlib.util
 
     from . import _autoload, keras_integration
-    from ._keras import keras_gate, keras_modules
-    from ._keras.selfcheck import self_check
+    from ._keras.boundary import keras_modules
+    from ._keras.gate import keras_gate
+    from ._keras.gate.selfcheck import self_check
     from ._rules.env import ALLOW_NEWER_KERAS
 
     _write(out, "\nKeras integration")

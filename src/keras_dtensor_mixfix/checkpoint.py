@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Union
 
-from ._keras import sharded_checkpoint
+from ._keras.files import sharded_checkpoint
 
 __all__ = ["save", "load"]
 

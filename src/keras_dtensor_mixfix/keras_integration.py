@@ -4,8 +4,8 @@
 auto-activation is on) adds, only where the installed Keras lacks them (the pieces live in
 :mod:`keras_dtensor_mixfix._keras`, one module per concern, each change declared in :data:`OVERRIDES`):
 
-- a torch ``distribution_lib`` (:mod:`keras_dtensor_mixfix._keras.distribution_lib`), also
-  importable under Keras 3.16's module name for it (:mod:`._keras.backend_lib`);
+- a torch ``distribution_lib`` (:mod:`keras_dtensor_mixfix._keras.backend.distribution_lib`), also
+  importable under Keras 3.16's module name for it (:mod:`._keras.backend.backend_lib`);
 - layout-aware variables: a variable with a layout holds an ``nn.Parameter`` wrapping a DTensor;
   ``assign``/``set_weights``/loading keep the layout;
 - global values out: ``convert_to_numpy`` (so ``get_weights``, saving, History, ``predict``)
@@ -25,7 +25,7 @@ auto-activation is on) adds, only where the installed Keras lacks them (the piec
 - on a Keras that wraps models in ``DistributedDataParallel`` when no distribution is set (3.16),
   a model with sharded weights is not wrapped (DDP cannot broadcast DTensors).
 
-Supported: Keras 3.12 to 3.16.x (``_keras.keras_gate``). On another Keras, ``install()`` raises
+Supported: Keras 3.12 to 3.16.x (``_keras.gate.keras_gate``). On another Keras, ``install()`` raises
 :class:`UnsupportedKerasError` and auto-activation installs nothing, logging one warning line: Keras runs
 exactly as it is. A newer Keras can be opted in to (``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS=1`` or
 ``install(allow_newer_keras=True)``): the Keras self-check of every Keras internal used runs first.
@@ -43,12 +43,15 @@ import logging
 import threading
 from typing import Any, List, Optional, Tuple
 
-from ._keras import (activations, attention_ops, backend_lib, callback_files, compile, convolution, data, ddp,
-                     einsum_kernel_split,
-                     embedding_ops, keras_gate, keras_modules, layer_compile, local_einsum, normalization, promotion_mode,
-                     reduction_ops, reductions, repeat, reshape, saving, tensor_ops, tracebacks, values, variables,
-                     vocab_parallel_loss, whole_weights)
-from ._keras.overrides import Override, in_order
+from ._keras.backend import backend_lib, values, variables
+from ._keras.boundary import keras_modules
+from ._keras.boundary.overrides import Override, in_order
+from ._keras.files import callback_files, saving
+from ._keras.gate import keras_gate
+from ._keras.layout_maps import whole_weights
+from ._keras.ops import (activations, attention_ops, convolution, einsum_kernel_split, embedding_ops, local_einsum,
+                         normalization, reduction_ops, repeat, reshape, tensor_ops, vocab_parallel_loss)
+from ._keras.step import compile, data, ddp, layer_compile, promotion_mode, reductions, tracebacks
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
@@ -67,7 +70,7 @@ OVERRIDES: Tuple[Override, ...] = (
     convolution.OVERRIDE, activations.OVERRIDE, vocab_parallel_loss.OVERRIDE,
     tracebacks.OVERRIDE, promotion_mode.OVERRIDE,
 )
-"""Every change the integration may make to Keras (:class:`._keras.overrides.Override`), applied in this order
+"""Every change the integration may make to Keras (:class:`._keras.boundary.overrides.Override`), applied in this order
 where their ``after`` allows; the report lists them in the same order."""
 
 _lock = threading.RLock()

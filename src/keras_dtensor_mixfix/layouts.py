@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ._keras.derived_layouts import _FIRST_OTHER_AXIS, DerivedLayouts
-from ._keras import derived_layouts as _derivation
-from ._keras.sharding_report import ShardingReport, VariableSharding
-from ._keras import sharding_report as _report
+from ._keras.layout_maps import derived_layouts as _derivation
+from ._keras.layout_maps import sharding_report as _report
+from ._keras.layout_maps.derived_layouts import _FIRST_OTHER_AXIS, DerivedLayouts
+from ._keras.layout_maps.sharding_report import ShardingReport, VariableSharding
 
 __all__ = ["DerivedLayouts", "ShardingReport", "VariableSharding", "derive_layouts", "layout_map_for",
            "sharding_report"]

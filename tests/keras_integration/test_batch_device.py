@@ -17,7 +17,7 @@ from keras_dtensor_mixfix.testing import run_on_ranks
 
 
 def test_a_batch_goes_to_the_mesh_device_type_and_on_cuda_to_the_current_device(monkeypatch):
-    from keras_dtensor_mixfix._keras.distribution_lib import batch_device
+    from keras_dtensor_mixfix._keras.backend.distribution_lib import batch_device
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert batch_device(types.SimpleNamespace(device_type="cuda")) == torch.device("cuda", 3)
@@ -28,7 +28,7 @@ def _sliced_then_copied(shape, names, placements_of):
     import torch
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-    from keras_dtensor_mixfix._keras.distribution_lib import distribute_data_input, local_batch_on
+    from keras_dtensor_mixfix._keras.backend.distribution_lib import distribute_data_input, local_batch_on
     from keras_dtensor_mixfix.testing import mesh
 
     m = mesh(shape, names)

@@ -16,7 +16,7 @@ def _check_on_a_fake_nccl_host(indices):
     import torch
     import torch.distributed as dist
 
-    from keras_dtensor_mixfix._keras import cuda_devices
+    from keras_dtensor_mixfix._keras.backend import cuda_devices
 
     rank = dist.get_rank()
     saved = {name: getattr(torch.cuda, name) for name in ("is_available", "current_device", "get_device_properties")}

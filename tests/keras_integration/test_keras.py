@@ -423,7 +423,7 @@ def test_install_and_uninstall_restore_every_replaced_attribute_exactly():
 
 def test_the_restore_comparison_sees_an_attribute_left_replaced(caplog):
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
     from keras_dtensor_mixfix._lifecycle.recorder import MISSING, current_value
 
     _, targets = _replaced_targets()

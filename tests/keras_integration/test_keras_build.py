@@ -118,7 +118,7 @@ def warnings_on_ranks(world_size, rule):
     from torch.distributed.tensor import DTensor
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import whole_weights
+    from keras_dtensor_mixfix._keras.layout_maps import whole_weights
 
     messages = []
 

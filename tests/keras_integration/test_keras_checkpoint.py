@@ -40,7 +40,7 @@ def _fresh(name_prefix=""):
 
 def _state(model):
     """Every variable's global value by checkpoint key (model and optimizer)."""
-    from keras_dtensor_mixfix._keras.sharded_checkpoint import keyed_variables
+    from keras_dtensor_mixfix._keras.files.sharded_checkpoint import keyed_variables
 
     return {key: np.array(variable.numpy()) for key, variable in keyed_variables(model, True).items()}
 
@@ -191,7 +191,7 @@ def keras_files_on_ranks(world_size, kind, directory):
     from torch.distributed.tensor import DTensor
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import rank_zero_gather, slice_loading
+    from keras_dtensor_mixfix._keras.files import rank_zero_gather, slice_loading
 
     import h5py
 
@@ -310,7 +310,7 @@ def failing_save_on_ranks(directory):
     import torch.distributed as dist
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import rank_zero_gather
+    from keras_dtensor_mixfix._keras.files import rank_zero_gather
 
     keras_integration.install()
     real_stream = rank_zero_gather.PendingWhole.stream_into

@@ -1,4 +1,4 @@
-"""A kernel split along its contracted input dim is re-split along its first output label (``_keras/einsum_kernel_split.py``).
+"""A kernel split along its contracted input dim is re-split along its first output label (``_keras/ops/einsum_kernel_split.py``).
 
 Keras' einsum of a whole activation and a Keras variable split along the hidden dim (keras_hub
 Llama's query kernel) on 2 gloo ranks: the result is split along the heads (no partial sum to

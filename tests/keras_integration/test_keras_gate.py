@@ -17,7 +17,8 @@ import pytest
 keras = pytest.importorskip("keras", reason="the Keras gate needs Keras installed")
 
 from keras_dtensor_mixfix import keras_integration  # noqa: E402
-from keras_dtensor_mixfix._keras import keras_gate, keras_modules, selfcheck  # noqa: E402
+from keras_dtensor_mixfix._keras.boundary import keras_modules  # noqa: E402
+from keras_dtensor_mixfix._keras.gate import keras_gate, selfcheck
 from keras_dtensor_mixfix._rules import env  # noqa: E402
 
 NEWEST = keras_modules.NEWEST_KERAS
@@ -94,7 +95,7 @@ def _site(tmp_path, version: str) -> str:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent(f"""
-        import keras_dtensor_mixfix._keras.keras_modules as keras_modules
+        import keras_dtensor_mixfix._keras.boundary.keras_modules as keras_modules
         keras_modules.running_keras_version = lambda: {version!r}
         """))
     return str(site)

@@ -1,4 +1,4 @@
-"""``jit_compile=True`` under a distribution compiles each distinct repeated block once (``_keras/layer_compile.py``).
+"""``jit_compile=True`` under a distribution compiles each distinct repeated block once (``_keras/step/layer_compile.py``).
 
 Which layers are interchangeable is decided from the objects (tested in one process, no ranks): identical blocks
 group, a block that differs in anything a call could read (an attribute, a configuration, a tensor it holds) does
@@ -94,7 +94,7 @@ def _data():
 def test_identical_blocks_group_and_leaf_layers_do_not():
     import keras
 
-    from keras_dtensor_mixfix._keras import layer_compile
+    from keras_dtensor_mixfix._keras.step import layer_compile
 
     model = _model()
     groups = layer_compile.repeated_groups(model)
@@ -108,7 +108,7 @@ def test_a_block_that_differs_in_what_a_call_reads_is_not_grouped():
     import keras
     import torch
 
-    from keras_dtensor_mixfix._keras import layer_compile
+    from keras_dtensor_mixfix._keras.step import layer_compile
 
     block = _block_class()
 
@@ -144,7 +144,7 @@ def test_a_block_that_differs_in_what_a_call_reads_is_not_grouped():
 def _distribution(mesh_shape):
     import keras
 
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     devices = keras.distribution.list_devices()
     mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], devices)
@@ -170,7 +170,7 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False):
     from torch._dynamo.utils import counters
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import layer_compile
+    from keras_dtensor_mixfix._keras.step import layer_compile
 
     assert keras_integration.install()
     torch._dynamo.reset()

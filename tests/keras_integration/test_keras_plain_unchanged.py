@@ -387,7 +387,7 @@ EXIT_CODES = {"uncaught_error": 1}
 KNOWN_DIFFERENCES: dict = {}
 """program -> the bug that makes it differ (a strict xfail where the integration is installed); none today. The
 uncaught error's traceback gained the wrappers' frames until Keras' filter was told to hide them
-(``_keras/tracebacks.py``)."""
+(``_keras/step/tracebacks.py``)."""
 
 
 def _package_lines(stderr: str) -> list:

@@ -3,7 +3,7 @@
 Grouped-query attention (keras_hub's Llama, Qwen and their MoE variants) repeats the key/value heads with
 ``ops.repeat(key, groups, axis=2)``; with the batch split over ranks, Keras 3.12 to 3.14's
 ``repeat_interleave`` failed in the backward, and the integration computes it as Keras 3.15 does
-(``_keras/repeat.py``). Values and gradients against one process, on (2,) and (2, 2) meshes, and on plain
+(``_keras/ops/repeat.py``). Values and gradients against one process, on (2,) and (2, 2) meshes, and on plain
 tensors Keras' own ``repeat``, bit for bit.
 """
 

@@ -530,8 +530,8 @@ def test_wrapped_ops_are_keras_own_on_plain_tensors():
     from keras import ops
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import keras_modules
-    from keras_dtensor_mixfix._keras.activations import AFFECTED
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
+    from keras_dtensor_mixfix._keras.ops.activations import AFFECTED
 
     rng = np.random.default_rng(0)
     table = rng.normal(size=(VOCAB, 8)).astype("float32")
@@ -830,7 +830,7 @@ def activations_of_rows_read_transposed(rows, mesh_shape, placements):
     from torch.distributed.tensor import distribute_tensor
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras.activations import AFFECTED
+    from keras_dtensor_mixfix._keras.ops.activations import AFFECTED
     from keras_dtensor_mixfix.testing import mesh
 
     assert keras_integration.install()
@@ -857,7 +857,7 @@ def test_activation_gradient_read_transposed_reshapes_like_single_process(mesh_s
     reshape before the activation then failed in the backward ("view size is not compatible": Qwen3.5)."""
     import torch
 
-    from keras_dtensor_mixfix._keras.activations import AFFECTED
+    from keras_dtensor_mixfix._keras.ops.activations import AFFECTED
 
     torch.manual_seed(0)
     rows = torch.randn(32, 4)

@@ -72,7 +72,7 @@ def einsum_on_ranks(cases, mesh_shape, compiled=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, distribute_tensor
 
-    from keras_dtensor_mixfix._keras import local_einsum
+    from keras_dtensor_mixfix._keras.ops import local_einsum
 
     mesh = init_device_mesh("cpu", mesh_shape)
     local_calls = []
@@ -145,7 +145,7 @@ def keras_mlp_step():
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     assert keras_integration.install()
     try:

@@ -1,4 +1,4 @@
-"""Sparse categorical cross-entropy over logits split on the class axis (``_keras/vocab_parallel_loss.py``).
+"""Sparse categorical cross-entropy over logits split on the class axis (``_keras/ops/vocab_parallel_loss.py``).
 
 Keras' loss (``keras.losses.SparseCategoricalCrossentropy`` with sample weights, and the per-row
 ``keras.ops.sparse_categorical_crossentropy``) of DTensor logits on 2 and 4 gloo ranks, (1, 2),
@@ -47,7 +47,7 @@ def sharded_loss(logits, target, weights, mesh_shape, logits_placements, target_
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import vocab_parallel_loss
+    from keras_dtensor_mixfix._keras.ops import vocab_parallel_loss
     from keras_dtensor_mixfix.testing import mesh
 
     calls, gathers = [0], [0]
@@ -214,7 +214,7 @@ def test_loss_is_keras_own_on_plain_tensors():
     import torch
 
     from keras_dtensor_mixfix import keras_integration
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     logits, target, weights = _data(32)
     original = keras_modules.backend_nn().sparse_categorical_crossentropy

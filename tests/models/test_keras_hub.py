@@ -369,7 +369,7 @@ def _own_rows(mode, mesh_shape):
 
 
 def _keras_has_own_torch_distribution():
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     return keras_modules.native_promotion_mode()
 
@@ -380,7 +380,7 @@ def distributed_case(name, mode, mesh_shape, optimizer="adam"):
     import keras
     from torch.distributed.tensor import DTensor
 
-    from keras_dtensor_mixfix._keras import layer_compile
+    from keras_dtensor_mixfix._keras.step import layer_compile
 
     try:
         keras.distribution.set_distribution(_distribution(name, mode, mesh_shape))

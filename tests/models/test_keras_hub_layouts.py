@@ -56,7 +56,7 @@ def test_llama_map_differs_from_keras_hubs_where_it_moves_less_data():
 
 
 def test_a_class_and_config_build_no_weights_and_leave_keras_state_as_it_was():
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     before = keras_modules.uninitialized_variables()
     big = dict(vocabulary_size=32000, num_layers=2, num_query_heads=16, num_key_value_heads=4, hidden_dim=2048,

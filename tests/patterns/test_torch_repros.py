@@ -174,7 +174,7 @@ def test_fused_sgd_over_dtensor_parameters():
 
 @torch_bug("DTensor has no sharding strategy for the in-place index_put_ (x[index] = values, Keras' "
            "slice_update); the package runs the mixed calls as index_put written back, and Keras' slice_update on the "
-           "replicated values' local tensors (_engine/corrections.py, _keras/tensor_ops.py)",
+           "replicated values' local tensors (_engine/corrections.py, _keras/ops/tensor_ops.py)",
            broken=((2, 11),), fixed=AFTER_2_11)
 def test_inplace_index_put_of_dtensors():
     _run_repro(torch_index_put_inplace.repro, "NotImplementedError", "index_put_", world_size=2)

@@ -469,7 +469,7 @@ _UNSUPPORTED_TORCH = textwrap.dedent(
 _UNSUPPORTED_KERAS = textwrap.dedent(
     """
     import sys
-    import keras_dtensor_mixfix._keras.keras_modules as keras_modules  # imports no Keras
+    import keras_dtensor_mixfix._keras.boundary.keras_modules as keras_modules  # imports no Keras
     keras_modules.running_keras_version = lambda: sys.argv[1]  # the release the Keras gate sees
     import keras  # auto-activation decides here
     """
@@ -490,7 +490,7 @@ def _packs_that_fail(site: pathlib.Path) -> None:
 
 def _real_messages(tmp_path: pathlib.Path) -> Dict[str, str]:
     """Each quoted message as a user's program prints it; the programs are independent, so they run side by side."""
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     script = tmp_path / "cases.py"
     script.write_text(_RANK_CASES)

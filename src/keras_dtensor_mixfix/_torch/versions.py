@@ -127,25 +127,25 @@ TORCH_DEFECTS: Dict[str, Tuple[Tuple[int, int], ...]] = {
     # DTensor's convolution handler holds every call to the limits of its tensor-parallel convolution (stride equal to
     # the kernel size where there is padding), a replicated input included (seen on 2.11.0; right on 2.12.1 and
     # later): repros/torch_conv_handler_unsplit.py; the Keras integration's convolution runs on local pieces there
-    # (_keras/convolution.py); a mixed call outside Keras gets torch's error.
+    # (_keras/ops/convolution.py); a mixed call outside Keras gets torch's error.
     "conv_handler_refuses_unsplit": ((2, 11),),
     # DTensor cannot flatten several dims into one when a dim after the first is split, which its einsum and matmul
     # do on their way to bmm (seen on 2.11.0; right on 2.12.1 and later): repros/torch_view_flatten_split_dim.py; the
     # Keras integration's einsum and matmul run on whole values there where they cannot run on local pieces
-    # (_keras/local_einsum.py), and its slice_update of a plain tensor takes the update's whole value
-    # (_keras/tensor_ops.py); anything else gets torch's error.
+    # (_keras/ops/local_einsum.py), and its slice_update of a plain tensor takes the update's whole value
+    # (_keras/ops/tensor_ops.py); anything else gets torch's error.
     "view_flatten_split_dim": ((2, 11),),
     # DTensor's constant_pad_nd on a 2-D mesh gives its result one placement instead of one per mesh dim: malformed,
     # or an IndexError for a split input (seen on 2.11.0; right on 2.12.1 and later): repros/torch_pad_2d_mesh.py;
-    # the Keras integration's pad pads each rank's piece there (_keras/tensor_ops.py).
+    # the Keras integration's pad pads each rank's piece there (_keras/ops/tensor_ops.py).
     "pad_2d_mesh_one_placement": ((2, 11),),
     # DTensor has no strategy for flip, which cumsum's backward calls (seen on 2.11.0; right on 2.12.1 and later):
     # repros/torch_flip_no_strategy.py; the Keras integration's cumsum runs on each rank's piece there
-    # (_keras/tensor_ops.py).
+    # (_keras/ops/tensor_ops.py).
     "flip_without_strategy": ((2, 11),),
     # DTensor's cumsum with a negative dim ignores that the input is split along it: each rank sums its own piece,
     # silently (seen on 2.11.0, 2.12.1 and 2.13.0; right on 2.14.1 and 2.15.0): repros/torch_cumsum_negative_dim.py;
-    # the Keras integration's cumsum counts the axis from the start there (_keras/tensor_ops.py).
+    # the Keras integration's cumsum counts the axis from the start there (_keras/ops/tensor_ops.py).
     "cumsum_negative_dim_ignored": ((2, 11), (2, 12), (2, 13)),
     # DTensor has no strategy for ne.Tensor (eq.Tensor and the other comparisons have one; seen on 2.11.0; right on
     # 2.12.1 and later): repros/torch_ne_tensor_no_strategy.py; a mixed call is computed as logical_not(eq) there

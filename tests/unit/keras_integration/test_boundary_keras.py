@@ -1,4 +1,4 @@
-"""The Keras boundary: only ``_keras/keras_modules.py`` and ``_keras/keras_private.py`` name ``keras.src`` or touch a
+"""The Keras boundary: only ``_keras/boundary/keras_modules.py`` and ``_keras/boundary/keras_private.py`` name ``keras.src`` or touch a
 private attribute of a Keras object, each name is exercised by the Keras self-check, and nothing imports Keras early."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 import keras_dtensor_mixfix
 
 PACKAGE_DIR = pathlib.Path(keras_dtensor_mixfix.__file__).parent
-BOUNDARY = PACKAGE_DIR / "_keras" / "keras_modules.py"
+BOUNDARY = PACKAGE_DIR / "_keras" / "boundary" / "keras_modules.py"
 """Keras' private modules (``keras.src``), the releases supported and the feature tests between them."""
-PRIVATE_ATTRIBUTES = PACKAGE_DIR / "_keras" / "keras_private.py"
+PRIVATE_ATTRIBUTES = PACKAGE_DIR / "_keras" / "boundary" / "keras_private.py"
 """The private attributes of Keras objects (a Variable's ``_value``...), read and written through accessors."""
 BOUNDARY_MODULES = (BOUNDARY, PRIVATE_ATTRIBUTES)
 
@@ -36,12 +36,12 @@ def test_only_the_boundary_names_keras_src():
     # Text, not imports: a docstring or a module name in a string is a keras.src name to keep up to date too.
     offenders = sorted(str(path.relative_to(PACKAGE_DIR)) for path in PACKAGE_DIR.rglob("*.py")
                        if path not in BOUNDARY_MODULES and "keras.src" in path.read_text(encoding="utf-8"))
-    assert offenders == [], f"name Keras' private modules through _keras/keras_modules.py instead: {offenders}"
+    assert offenders == [], f"name Keras' private modules through _keras/boundary/keras_modules.py instead: {offenders}"
     assert "keras.src" in BOUNDARY.read_text(encoding="utf-8")  # the scan looks at the right file
 
 
 def test_boundary_says_which_keras_releases_it_was_checked_on():
-    from keras_dtensor_mixfix._keras import keras_modules
+    from keras_dtensor_mixfix._keras.boundary import keras_modules
 
     assert "3.15.1" in keras_modules.__doc__ and "3.16.0.dev2026102704" in keras_modules.__doc__
 
@@ -51,8 +51,8 @@ def test_the_keras_integration_imports_no_keras_until_installed():
     # does through auto-activation, and keras_integration's own imports) must not import Keras.
     modules = ["keras_dtensor_mixfix._autoload", "keras_dtensor_mixfix.keras_integration",
                "keras_dtensor_mixfix.hookspecs"] + sorted(
-        f"keras_dtensor_mixfix._keras.{path.stem}" for path in (PACKAGE_DIR / "_keras").glob("*.py")
-        if path.stem != "__init__")
+        ".".join(("keras_dtensor_mixfix",) + path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+        for path in (PACKAGE_DIR / "_keras").rglob("*.py") if path.stem != "__init__")
     out = _run("import importlib, sys\n"
                f"for name in {modules!r}:\n"
                "    importlib.import_module(name)\n"
@@ -66,7 +66,7 @@ def test_the_keras_integration_imports_no_keras_until_installed():
 def test_every_boundary_name_resolves_on_the_installed_keras():
     out = _run(
         "import sys, keras\n"
-        "from keras_dtensor_mixfix._keras import keras_modules as k\n"
+        "from keras_dtensor_mixfix._keras.boundary import keras_modules as k\n"
         "names = ['core', 'backend_numpy', 'backend_nn', 'trainer_module', 'trainer_class', 'backend_package',\n"
         "         'torch_backend_package', 'distribution_module', 'data_parallel_class', 'tensor_layout_class',\n"
         "         'tree', 'layer_class', 'global_state', 'base_variable_class', 'data_adapters',\n"
@@ -84,13 +84,13 @@ def test_every_boundary_name_resolves_on_the_installed_keras():
 # ----------------------------------------------------------------------------- private Keras attributes, elsewhere
 
 EXEMPT = {
-    "_keras/compile.py": (
+    "_keras/step/compile.py": (
         "the compiled train step (_compiled_train_step, _start_step, _detach_kept_losses) is a copy of Keras 3.12-3.15's "
         "own torch train step, kept line for line comparable with it and traced by TorchDynamo; the names it reads are "
         "checked per release by the self-check's trainer_steps and compiled_step_state",
         frozenset({"trainer._clear_losses", "trainer._flatten_layers", "layer._losses",
                    "trainer._call_has_training_arg", "trainer._compute_loss", "trainer._loss_tracker"})),
-    "_keras/checks.py": (
+    "_keras/gate/checks.py": (
         "the self-check of the forked train step's names probes _compute_loss's parameters on the trainer class",
         frozenset({"trainer_class._compute_loss"})),
 }
@@ -150,18 +150,18 @@ def _keras_facing_modules() -> List[pathlib.Path]:
     """Every module of the integration (``_keras/``, the boundary excepted) and each top-level module that uses it."""
     top_level = [path for path in sorted(PACKAGE_DIR.glob("*.py"))
                  if re.search(r"^from \.+_keras\b|^\s*import keras\b", path.read_text(encoding="utf-8"), re.M)]
-    return [path for path in sorted((PACKAGE_DIR / "_keras").glob("*.py")) if path not in BOUNDARY_MODULES] + top_level
+    return [path for path in sorted((PACKAGE_DIR / "_keras").rglob("*.py")) if path not in BOUNDARY_MODULES] + top_level
 
 
 def test_private_keras_attributes_are_reached_through_the_boundary_only():
     found = {str(path.relative_to(PACKAGE_DIR)): private_accesses(path.read_text(encoding="utf-8"))
              for path in _keras_facing_modules()}
-    assert len(found) > 30 and "_keras/variables.py" in found  # the scan looks at the integration
+    assert len(found) > 30 and "_keras/backend/variables.py" in found  # the scan looks at the integration
     unexempted = {module: [site for site in sites if site.split(": ", 1)[1] not in EXEMPT.get(module, ("", ()))[1]]
                   for module, sites in found.items()}
     unexempted = {module: sites for module, sites in unexempted.items() if sites}
     assert not unexempted, ("reach these private attributes of Keras objects through an accessor or name of "
-                            f"_keras/keras_private.py, exercised by a check of _keras/checks.py: {unexempted}")
+                            f"_keras/boundary/keras_private.py, exercised by a check of _keras/gate/checks.py: {unexempted}")
     stale = {module: sorted(expressions - {site.split(": ", 1)[1] for site in found.get(module, [])})
              for module, (_, expressions) in EXEMPT.items()}
     stale = {module: expressions for module, expressions in stale.items() if expressions}
@@ -171,7 +171,8 @@ def test_private_keras_attributes_are_reached_through_the_boundary_only():
 def test_every_name_of_the_private_attribute_boundary_is_exercised_by_a_self_check():
     import inspect
 
-    from keras_dtensor_mixfix._keras import checks, keras_private
+    from keras_dtensor_mixfix._keras.boundary import keras_private
+    from keras_dtensor_mixfix._keras.gate import checks
 
     sources = "\n".join(inspect.getsource(module) for module in {inspect.getmodule(check.run)
                                                                 for check in checks.CHECKS.values()})

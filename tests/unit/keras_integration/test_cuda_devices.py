@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 import keras_dtensor_mixfix as mf
-from keras_dtensor_mixfix._keras import cuda_devices
-from keras_dtensor_mixfix._keras.cuda_devices import Placement, device_to_set, duplicate_error, shared_devices
+from keras_dtensor_mixfix._keras.backend import cuda_devices
+from keras_dtensor_mixfix._keras.backend.cuda_devices import Placement, device_to_set, duplicate_error, shared_devices
 
 
 class FakeCuda:
@@ -66,7 +66,7 @@ def test_select_device_sets_local_rank_also_when_cuda_was_touched_on_device_0(mo
 def test_initialize_sets_the_device_before_the_process_group(monkeypatch):
     """``initialize()`` on a fake 4-GPU host as torchrun's rank 1 starts it: the device is set before the group is
     built, the group is ``cpu:gloo,cuda:nccl``, and the duplicate check runs before anything communicates."""
-    from keras_dtensor_mixfix._keras import distribution_lib
+    from keras_dtensor_mixfix._keras.backend import distribution_lib
 
     events: List[Any] = []
     FakeCuda(count=4, events=events).install(monkeypatch)
@@ -80,7 +80,7 @@ def test_initialize_sets_the_device_before_the_process_group(monkeypatch):
 
 
 def test_initialize_sets_the_device_when_the_process_group_already_exists(monkeypatch):
-    from keras_dtensor_mixfix._keras import distribution_lib
+    from keras_dtensor_mixfix._keras.backend import distribution_lib
 
     events: List[Any] = []
     FakeCuda(count=4, events=events).install(monkeypatch)

@@ -7,8 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from keras_dtensor_mixfix._keras.array_proxy import ArrayProxy
-from keras_dtensor_mixfix._keras.whole_weights import _sharding_rule
+from keras_dtensor_mixfix._keras.files.array_proxy import ArrayProxy
+from keras_dtensor_mixfix._keras.layout_maps.whole_weights import _sharding_rule
 
 
 def _distribution(shape, names=("batch", "model"), batch="batch"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keras_dtensor_mixfix._keras.overrides import Kind, Override, in_order
+from keras_dtensor_mixfix._keras.boundary.overrides import Kind, Override, in_order
 
 
 def _override(name: str, *after: str) -> Override:

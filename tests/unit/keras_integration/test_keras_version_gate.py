@@ -10,7 +10,8 @@ import logging
 
 import pytest
 
-from keras_dtensor_mixfix._keras import keras_gate, keras_modules, selfcheck
+from keras_dtensor_mixfix._keras.boundary import keras_modules
+from keras_dtensor_mixfix._keras.gate import keras_gate, selfcheck
 from keras_dtensor_mixfix._rules import env
 from keras_dtensor_mixfix._torch.selfcheck import CheckResult
 

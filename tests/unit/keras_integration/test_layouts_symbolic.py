@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from keras_dtensor_mixfix._keras.layouts import is_symbolic
+from keras_dtensor_mixfix._keras.backend.layouts import is_symbolic
 
 
 def test_meta_and_fake_tensors_are_symbolic_plain_tensors_and_parameters_are_not():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from keras_dtensor_mixfix._keras.local_einsum import gradient_placements, line_up, parse, plan
+from keras_dtensor_mixfix._keras.ops.local_einsum import gradient_placements, line_up, parse, plan
 
 R, P = Replicate(), Partial("sum")
 

@@ -110,12 +110,12 @@ BUILTIN_RAISES_KEPT = {
     ("_torch/checks_dispatch.py", "AssertionError"): "a self-check that fails: caught by selfcheck and reported as "
                                                     "its result",
     ("_torch/selfcheck.py", "RuntimeError"): "no gloo: caught at once and reported as every check's result",
-    **{("_keras/checks.py", name): "a Keras self-check that fails: caught by selfcheck and reported as its result"
+    **{("_keras/gate/checks.py", name): "a Keras self-check that fails: caught by selfcheck and reported as its result"
        for name in ("AttributeError", "TypeError", "ValueError")},
-    ("_keras/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
+    ("_keras/boundary/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
                                                 "the same failure as Python's own import of it, and caught as one",
     ("_engine/decide.py", "AssertionError"): "an internal invariant (an unreachable branch), never a user's error",
-    ("_keras/array_proxy.py", "AttributeError"): "ArrayProxy.__getattr__'s protocol: a private name it does not "
+    ("_keras/files/array_proxy.py", "AttributeError"): "ArrayProxy.__getattr__'s protocol: a private name it does not "
                                                  "have (copy, pickle and hasattr() probe them)",
 }
 

@@ -1,0 +1,352 @@
+"""A torch backend for ``keras.distribution`` (Keras 3.12 to 3.15 ship none).
+
+Installed by :mod:`keras_dtensor_mixfix.keras_integration` (:mod:`.backend_lib`) as the
+``distribution_lib`` of Keras' backend package, and under the module name Keras 3.16 gives its own
+(:data:`.keras_modules.TORCH_DISTRIBUTION_LIB`), with the functions Keras 3.16's module of that name
+has. One process per device: a Keras device id is the process's global rank. A Keras
+``TensorLayout`` becomes ``(torch DeviceMesh, placements)``: for each mesh dim, ``Shard(d)`` if
+the layout puts that mesh axis on tensor dim ``d``, else ``Replicate()`` (:mod:`.layouts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..._rules.errors import InvalidArgumentError
+from ..boundary import keras_modules
+from ..files.rank_zero_gather import from_rank_zero
+from . import cuda_devices
+# DTensorLayout is not used here: Keras 3.16's module of this name has it.
+from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic,  # noqa: F401
+                      placements_for, relayout)
+from .local_pieces import from_pieces
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+
+def _device_kind() -> str:
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def list_devices(device_type: Optional[str] = None) -> List[str]:
+    """Every process's device, ``"cpu:<rank>"`` (or ``"gpu:<rank>"``): one device per process."""
+    kind = (device_type or _device_kind()).lower()
+    return [f"{kind}:{rank}" for rank in range(_world_size())]
+
+
+def get_device_count(device_type: Optional[str] = None) -> int:
+    return len(list_devices(device_type))
+
+
+def num_processes() -> int:
+    return _world_size()
+
+
+def process_id() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None) -> None:
+    """Start the process group (torchrun's ``env://`` unless addresses are given) and agree on a seed.
+
+    With CUDA, each rank's current device is set from ``LOCAL_RANK`` *before* the group is built (also when it
+    already exists, and when CUDA was touched before: :func:`.cuda_devices.select_device`), the group built is
+    ``cpu:gloo,cuda:nccl`` (torch's own default: NCCL for CUDA tensors, gloo for the CPU tensors the integration
+    exchanges), and two ranks of one host on one GPU raise :class:`~keras_dtensor_mixfix.DeviceAssignmentError`
+    (:func:`.cuda_devices.check_one_rank_per_device`, once) instead of NCCL's error at a later collective.
+    """
+    cuda = torch.cuda.is_available()
+    cuda_devices.select_device()
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+        if job_addresses:
+            coordinator = job_addresses.split(",")[0].strip()
+            dist.init_process_group(backend, init_method=f"tcp://{coordinator}", world_size=num_processes,
+                                    rank=process_id)
+        else:
+            dist.init_process_group(backend)
+    cuda_devices.check_one_rank_per_device()
+    _agree_on_seed()
+
+
+def _agree_on_seed() -> None:
+    # Shuffling and initializers draw from the global RNGs: every rank must draw the same numbers.
+    rng_utils = keras_modules.rng_utils()
+    if rng_utils.get_random_seed() is not None and dist.get_world_size() == 1:
+        return
+    rng_utils.set_random_seed(from_rank_zero(int(np.random.randint(0, 2**31 - 1))))
+
+
+def activate_dtensor_promotion() -> None:
+    """Keras 3.16 enters its promotion mode here; ours is the package's patch (process-wide)."""
+    from ..._lifecycle.patching import is_patched, patch
+
+    if not is_patched():
+        patch()
+
+
+def deactivate_dtensor_promotion() -> None:
+    """Nothing to undo per distribution: the patch belongs to whoever made it (``uninstall()`` undoes its own)."""
+
+
+def _ensure_process_group() -> None:
+    if dist.is_initialized():
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        initialize()
+        return
+    # A single process with no launcher: a one-rank group on an in-memory store (no network).
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    log.info("keras_dtensor_mixfix: started a one-process gloo group for keras.distribution")
+
+
+def _to_backend_device(device_name: Any) -> torch.device:
+    name = str(device_name).lower()
+    if name.startswith("gpu") or name.startswith("cuda"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name.split(":")[0] if name.split(":")[0] in ("cpu", "meta") else "cpu")
+
+
+_MESHES: Dict[Tuple[Any, ...], Any] = {}
+
+
+def _to_backend_mesh(device_mesh: Any) -> Any:
+    """A torch ``DeviceMesh`` for a Keras ``DeviceMesh`` (cached: building one is collective)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    _ensure_process_group()
+    devices = np.asarray(device_mesh.devices)
+    kinds = {str(d).split(":")[0].lower() for d in devices.flatten()}
+    if len(kinds) != 1:
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: a DeviceMesh needs one device type, got {sorted(kinds)}")
+    kind = kinds.pop()
+    ranks = [int(str(d).split(":")[1]) if ":" in str(d) else 0 for d in devices.flatten()]
+    if max(ranks) >= dist.get_world_size():
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: DeviceMesh names devices {sorted(set(ranks))} but only "
+                         f"{dist.get_world_size()} processes exist (one device per process)")
+    key = (kind, tuple(ranks), tuple(devices.shape), tuple(device_mesh.axis_names))
+    found = _MESHES.get(key)
+    if found is None:
+        if kind in ("gpu", "cuda"):
+            # The current device before the mesh (its NCCL communicators and every tensor moved to
+            # mesh.device_type use it), whoever built the process group; then one rank per GPU.
+            cuda_devices.select_device()
+            cuda_devices.check_one_rank_per_device()
+        found = DeviceMesh("cuda" if kind in ("gpu", "cuda") else kind,
+                           torch.tensor(ranks, dtype=torch.int64).reshape(devices.shape),
+                           mesh_dim_names=tuple(device_mesh.axis_names))
+        _MESHES[key] = found
+    return found
+
+
+def _to_backend_layout(tensor_layout: Any) -> TorchLayout:
+    if tensor_layout.device_mesh is None:
+        raise InvalidArgumentError("Cannot create sharding when device mesh is not set for TensorLayout.")
+    mesh = tensor_layout.device_mesh.backend_mesh
+    return TorchLayout(mesh, placements_for(tensor_layout.axes, tensor_layout.device_mesh.axis_names,
+                                            tensor_layout.device_mesh.shape))
+
+
+def _resolve(layout: Any) -> TorchLayout:
+    if isinstance(layout, keras_modules.tensor_layout_class()):
+        return layout.backend_layout
+    if isinstance(layout, TorchLayout):
+        return layout
+    if hasattr(layout, "device_mesh") and hasattr(layout, "placements"):  # Keras 3.16's DTensorLayout
+        return TorchLayout(layout.device_mesh, tuple(layout.placements))
+    mesh, placements = layout
+    return TorchLayout(mesh, tuple(placements))
+
+
+def distribute_tensor(tensor: Any, layout: Any) -> Any:
+    """Give ``tensor`` (or every tensor in a structure) ``layout``; differentiable; symbolic tensors pass."""
+    if layout is None:
+        return tensor
+    resolved = _resolve(layout)
+    return keras_modules.tree().map_structure(lambda leaf: relayout(leaf, resolved), tensor)
+
+
+def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True) -> torch.nn.Parameter:
+    """An ``nn.Parameter`` holding a DTensor with ``layout``; rank 0's value wins, so ranks agree."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(value.shape, mesh, placements, "variable")
+    if isinstance(value, DTensor):
+        distributed = value.detach().redistribute(mesh, placements)
+    else:
+        distributed = torch_distribute(value.detach(), mesh, list(placements), src_data_rank=0)
+    parameter = torch.nn.Parameter(distributed, requires_grad=trainable)
+    lay_out_gradient_like(parameter)
+    return parameter
+
+
+def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch.dtype, layout: Any,
+                                 trainable: bool = True) -> torch.nn.Parameter:
+    """An ``nn.Parameter`` holding a DTensor of ``shape`` filled with ``fill``, each rank making only its own piece
+    (what ``distribute_variable`` gives for ``torch.full(shape, fill)``, with no whole tensor and no collective)."""
+    from torch.distributed.tensor import full as sharded_full
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(tuple(shape), mesh, placements, "variable")
+    parameter = torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
+                                                placements=list(placements)), requires_grad=trainable)
+    lay_out_gradient_like(parameter)
+    return parameter
+
+
+def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
+    """Whether ``layout`` splits a tensor of ``shape`` over a mesh of every process (one per device)."""
+    from torch.distributed.tensor import Shard
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    mesh, placements = _resolve(layout)
+    return mesh.size() == dist.get_world_size() and any(  # fit_placements replicates the other splits
+        isinstance(p, Shard) and shape[p.dim] >= mesh.size(mesh_dim) for mesh_dim, p in enumerate(placements))
+
+
+def rank_zero_succeeded(succeeded: bool) -> bool:
+    """Every rank learns whether rank 0 succeeded (rank 0 passes whether it did; the others' argument is ignored)."""
+    return bool(from_rank_zero(int(succeeded)))
+
+
+def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tuple[int, ...], dtype: torch.dtype,
+                                       layout: Any, trainable: bool = True) -> torch.nn.Parameter:
+    """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):
+    rank 0 sends each rank its piece, and no other rank ever holds the whole."""
+    from ..._engine.specs import region
+    from ..._torch.api import compute_local_shape_and_global_offset
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(tuple(shape), mesh, placements, "variable")
+    local_shape, offset = compute_local_shape_and_global_offset(tuple(shape), mesh, placements)
+    header = torch.tensor(list(local_shape) + list(offset), dtype=torch.int64)
+    rank = dist.get_rank()
+    headers = [torch.empty_like(header) for _ in range(dist.get_world_size())] if rank == 0 else None
+    dist.gather(header, headers, dst=0)
+    if rank == 0:
+        assert whole is not None
+        whole = whole.detach().to(dtype)
+        for other, other_header in enumerate(headers or ()):
+            other_shape, other_offset = other_header[:len(shape)].tolist(), other_header[len(shape):].tolist()
+            if other and 0 not in other_shape:
+                dist.send(whole[region(other_offset, other_shape)].contiguous(), dst=other)
+        local = whole[region(offset, local_shape)].clone()
+    else:
+        local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
+        if local.numel():
+            dist.recv(local, src=0)
+    parameter = torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
+    lay_out_gradient_like(parameter)
+    return parameter
+
+
+GRADIENTS_LIKE_PARAMETERS = False
+"""Whether the hook below acts: set while the Keras integration is installed (parameters made then keep
+their hook after ``uninstall()``, which then changes nothing)."""
+
+
+def lay_out_gradient_like(parameter: Any) -> None:
+    """Make ``parameter.grad`` take ``parameter``'s placements as soon as it is accumulated.
+
+    DTensor leaves a gradient with whatever placements backward produced (often ``Partial``); each
+    optimizer kernel reading it then reduces it again. Reduced once here, the optimizer's kernels
+    meet matching placements; the values are the same.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not (isinstance(parameter, DTensor) and isinstance(parameter, torch.nn.Parameter) and parameter.requires_grad):
+        return
+    parameter.register_post_accumulate_grad_hook(_gradient_like_parameter)
+
+
+# Runs inside autograd's engine: under a compiled Keras step TorchDynamo would try (and fail) to
+# trace the redistribution as a frame of its own, every step.
+@torch.compiler.disable
+def _gradient_like_parameter(parameter: Any) -> None:
+    from torch.distributed.tensor import DTensor
+
+    grad = parameter.grad
+    if GRADIENTS_LIKE_PARAMETERS and isinstance(grad, DTensor) and (grad.placements != parameter.placements
+                                      or grad.device_mesh != parameter.device_mesh):
+        parameter.grad = grad.redistribute(parameter.device_mesh, parameter.placements)
+
+
+def batch_device(mesh: Any) -> torch.device:
+    """Where a batch's local piece goes on ``mesh``: the mesh's device type, and on CUDA this rank's current
+    device (set from ``LOCAL_RANK`` before the mesh was built: :mod:`.cuda_devices`), as ``DTensor`` puts a
+    local tensor made for a ``"cuda"`` mesh."""
+    kind = mesh.device_type
+    if kind == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(kind)
+
+
+def local_batch_on(batch: torch.Tensor, device: torch.device, mesh: Any, placements: Tuple[Any, ...],
+                   is_global: bool) -> Any:
+    """``batch`` (on another device than ``device``, needing no gradient) as a DTensor with ``placements``, its
+    local piece on ``device``: a global batch is sliced where it is and only this rank's slice is copied, a
+    per-process batch copied whole; one ``non_blocking`` copy per batch (from pinned memory it overlaps the
+    step; from pageable memory CUDA stages it, and the host never waits for queued kernels)."""
+    from torch.distributed.tensor import DTensor
+
+    from ..._engine.specs import region
+    from ..._torch.api import compute_local_shape_and_global_offset
+
+    if is_global:
+        local_shape, offset = compute_local_shape_and_global_offset(tuple(batch.shape), mesh, placements)
+        local = batch[region(offset, local_shape)].to(device, non_blocking=True)
+        return DTensor.from_local(local, mesh, list(placements), run_check=False, shape=batch.shape,
+                                  stride=batch.stride())  # distribute_tensor's global stride
+    return DTensor.from_local(batch.to(device, non_blocking=True), mesh, list(placements), run_check=False)
+
+
+def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: Optional[str] = None,
+                          is_global: bool = False) -> Any:
+    """A batch as a DTensor sharded on the batch axis, its local piece on the mesh's device (:func:`batch_device`).
+
+    ``is_global=False`` (JAX's and Keras 3.16's meaning of this function): the batch is this
+    process's own shard. ``is_global=True`` (what the trainer passes unless ``auto_shard_dataset``
+    is off): every process holds the same global batch; each keeps its slice (no communication).
+    ``batch_dim_name`` is accepted for JAX's signature; the layout says it all. A batch on another device
+    (a CPU batch for a CUDA mesh) is copied once, only this rank's piece of it (:func:`local_batch_on`):
+    never the blocking whole-batch ``.to(mesh.device_type)`` of ``distribute_tensor``/``from_local``.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(per_process_batch, torch.Tensor) or isinstance(per_process_batch, DTensor):
+        return per_process_batch
+    resolved = _resolve(layout)
+    symbolic = is_symbolic(per_process_batch)
+    if not symbolic and not per_process_batch.requires_grad:
+        device = batch_device(resolved.mesh)
+        if per_process_batch.device != device:
+            return local_batch_on(per_process_batch, device, resolved.mesh, tuple(resolved.placements), is_global)
+    if is_global:
+        if per_process_batch.requires_grad or symbolic:
+            return relayout(per_process_batch, resolved)
+        # The usual case, data that needs no gradient: every rank slices its own copy (no
+        # communication) without the autograd machinery of from_local/redistribute.
+        from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+        return torch_distribute(per_process_batch, resolved.mesh, list(resolved.placements), src_data_rank=None)
+    return DTensor.from_local(per_process_batch, resolved.mesh, list(resolved.placements), run_check=False)

@@ -1,0 +1,297 @@
+"""Keras' callbacks that write files, under a multi-process distribution: each file written once, the ranks in step.
+
+Every rank runs every callback. Keras' file-writing callbacks (``BackupAndRestore``, ``ModelCheckpoint``,
+``CSVLogger``, ``TensorBoard``, ``OrbaxCheckpoint``) make folders, write metadata and delete them through
+Keras' ``file_utils`` with nothing ordering the ranks, so on one shared folder they race:
+``FileExistsError`` from two ``makedirs``, ``FileNotFoundError`` for a ``training_metadata.json`` another rank's
+``rmtree`` removed, a CSV file written by every rank. While one of their hooks runs on a multi-process
+distribution, ``file_utils``' writes (``makedirs``, ``rmtree``, ``remove``, ``copy``, a ``File`` opened to write)
+happen on rank 0 only — on the other ranks a write is skipped and a file opened to write takes and drops what is
+written — and a hook that wrote anything ends with a barrier, so that every rank then reads what rank 0 wrote.
+What a hook asks of the file system (``exists``, ``isdir``, ``listdir``) is answered by rank 0 for every rank (one
+broadcast), so every rank takes rank 0's branch; a ``File`` opened to read is read by each rank. ``model.save`` and
+``save_weights`` inside a hook keep their own division of work (``saving.py``: every rank takes part, rank 0 writes).
+``OrbaxCheckpoint`` writes through Orbax, not ``file_utils``: every rank makes the state it saves (Keras' conversion
+to NumPy gathers sharded weights, a collective), rank 0's checkpointer alone saves it (the others' saves are
+dropped), and its ``on_train_end`` (where Orbax finishes background saves) ends with a barrier, so that a checkpoint
+any rank loads after ``fit`` is complete. ``TensorBoard`` writes through TensorFlow's summary writers: on a rank
+other than 0 they write to a folder of that rank's own (deleted at ``on_train_end``, or when the callback goes), so
+that every rank runs the same code (the reads of sharded weights for histograms gather them, a collective) and the
+user's ``log_dir`` holds rank 0's event files alone; its ``on_train_end`` (where the writers are closed) ends with a
+barrier, so that the event files are complete when any rank reads them after ``fit``.
+
+Rank 0 writes for all: the folder must be one every rank sees (a shared file system), as with Keras on JAX. A
+user's own callback runs on every rank as it does without the package: :func:`writes_once` gives it the same
+treatment, or it tests ``torch.distributed.get_rank() == 0`` itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import functools
+import io
+import shutil
+import tempfile
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Optional, Type
+
+from ..._lifecycle.recorder import PatchRecorder
+from ..boundary import keras_modules
+from ..boundary.overrides import Kind, Override
+from ..boundary.patches import rebind_everywhere
+from . import rank_zero_gather
+
+FILE_CALLBACKS = ("BackupAndRestore", "ModelCheckpoint", "CSVLogger", "TensorBoard", "OrbaxCheckpoint")
+"""Keras' callbacks that write files (those a Keras release has)."""
+
+HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
+         "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+         "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end", "set_model")
+"""The methods of a callback that may write."""
+
+WRITES = ("makedirs", "rmtree", "remove", "copy")
+"""``file_utils``' functions that change the file system (``File`` is handled by its mode)."""
+
+LOOKS = ("exists", "isdir", "listdir")
+"""``file_utils``' functions that look at the file system: within a hook, rank 0's answer is every rank's (a hook
+that asks whether a folder exists while rank 0 deletes it would otherwise take other branches on other ranks)."""
+
+_state = threading.local()
+
+
+def _in_section() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+class _Dropped(io.StringIO):
+    """What a rank other than 0 writes to: accepts and drops everything."""
+
+    def write(self, text: Any) -> int:
+        return len(text)
+
+
+class _DroppedBytes(io.BytesIO):
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _rank_zero_write(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def write(*args: Any, **kwargs: Any) -> Any:
+        if not _in_section():
+            return original(*args, **kwargs)
+        _state.wrote = True
+        return original(*args, **kwargs) if _rank() == 0 else None
+
+    return write
+
+
+def _rank_zero_look(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def look(*args: Any, **kwargs: Any) -> Any:
+        if not _in_section():
+            return original(*args, **kwargs)
+        import torch.distributed as dist
+
+        answer = [original(*args, **kwargs) if _rank() == 0 else None]
+        dist.broadcast_object_list(answer, src=0)
+        return answer[0]
+
+    return look
+
+
+def _rank_zero_file(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def File(path: Any, mode: str = "r") -> Any:  # noqa: N802 - Keras' name
+        if not _in_section() or not any(flag in mode for flag in "wax+"):
+            return original(path, mode)
+        _state.wrote = True
+        if _rank() == 0:
+            return original(path, mode)
+        return _DroppedBytes() if "b" in mode else _Dropped()
+
+    return File
+
+
+def _in_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a callback hook) with ``file_utils``' writes on rank 0 only, and a barrier after it if it
+    wrote, on a multi-process distribution; as it is otherwise (and inside another such hook)."""
+
+    @functools.wraps(original)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _in_section() or not rank_zero_gather.multi_process():
+            return original(self, *args, **kwargs)
+        _state.depth = 1
+        _state.wrote = False
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            _state.depth = 0
+        if _state.wrote:
+            import torch.distributed as dist
+
+            dist.barrier()  # what rank 0 wrote is there before any rank reads it
+        return result
+
+    return hook
+
+
+@contextlib.contextmanager
+def outside_callback_writes() -> Iterator[None]:
+    """Within it, ``file_utils``' writes act on every rank again (Keras' saving inside a hook divides its work
+    itself: every rank writes its scratch copy, rank 0 the file)."""
+    depth = getattr(_state, "depth", 0)
+    _state.depth = 0
+    try:
+        yield
+    finally:
+        _state.depth = depth
+
+
+def writes_once(callback: Any) -> Any:
+    """``callback`` (a ``keras.callbacks.Callback`` instance or class) with its hooks run as Keras' own file-writing
+    callbacks are under a multi-process distribution: Keras' ``file_utils`` writes on rank 0 only, and
+    the ranks in step after a hook that wrote. Returns ``callback``; an instance is changed in place, a class gets
+    the hooks it defines wrapped (once)."""
+    target = callback if isinstance(callback, type) else None
+    for name in HOOKS:
+        if target is not None:
+            hook = target.__dict__.get(name)
+            if callable(hook) and hook not in _IN_STEP:
+                setattr(target, name, _marked(_in_step(hook)))
+        else:
+            function = getattr(getattr(callback, name, None), "__func__", None)
+            if function is not None and function not in _IN_STEP:
+                setattr(callback, name, _marked(_in_step(function)).__get__(callback))
+    return callback
+
+
+_IN_STEP: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
+"""The hooks already run in step (not wrapped twice)."""
+
+
+def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
+    _IN_STEP.add(function)
+    return function
+
+
+def _file_callbacks_write_once(patches: PatchRecorder) -> None:
+    file_utils = keras_modules.file_utils()
+    for name in WRITES:
+        rebind_everywhere(patches, getattr(file_utils, name), _rank_zero_write(getattr(file_utils, name)))
+    for name in LOOKS:
+        rebind_everywhere(patches, getattr(file_utils, name), _rank_zero_look(getattr(file_utils, name)))
+    rebind_everywhere(patches, file_utils.File, _rank_zero_file(file_utils.File))
+    for callback_class in _file_callback_classes():
+        for name in HOOKS:
+            hook = callback_class.__dict__.get(name)
+            if callable(hook):
+                treatment = _OWN_TREATMENT.get((callback_class.__name__, name))
+                patches.set(callback_class, name, _marked(_in_step(treatment(hook) if treatment else hook)))
+
+
+class _SavesDropped:
+    """An Orbax checkpointer on a rank other than 0: its saves are rank 0's (dropped here); the rest is the
+    checkpointer's own."""
+
+    def __init__(self, checkpointer: Any) -> None:
+        self.checkpointer = checkpointer
+
+    def save_checkpointables(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def save_checkpointables_async(self, *args: Any, **kwargs: Any) -> "concurrent.futures.Future[None]":
+        done: "concurrent.futures.Future[None]" = concurrent.futures.Future()
+        done.set_result(None)
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.checkpointer, name)
+
+
+def _orbax_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_model(self: Any, model: Any) -> Any:
+        result = original(self, model)
+        if rank_zero_gather.multi_process() and _rank() != 0 and not isinstance(self.checkpointer, _SavesDropped):
+            self.checkpointer = _SavesDropped(self.checkpointer)
+        return result
+
+    return set_model
+
+
+def _orbax_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def on_train_end(self: Any, logs: Any = None) -> Any:
+        result = original(self, logs)
+        # rank 0's background saves are finished and on disk: the barrier of a hook that wrote (_in_step) follows
+        _state.wrote = True
+        return result
+
+    return on_train_end
+
+
+_OWN_FOLDERS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+"""The folder each TensorBoard callback writes to on this rank (not rank 0) since its ``set_model``."""
+
+
+def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_model(self: Any, model: Any) -> Any:
+        if not rank_zero_gather.multi_process() or _rank() == 0:
+            return original(self, model)
+        log_dir = self.log_dir
+        self.log_dir = _OWN_FOLDERS[self] = tempfile.mkdtemp(prefix=f"keras_dtensor_mixfix-tensorboard-rank{_rank()}-")
+        weakref.finalize(self, shutil.rmtree, self.log_dir, ignore_errors=True)
+        try:
+            return original(self, model)  # its writers write under the rank's own folder
+        finally:
+            self.log_dir = log_dir
+
+    return set_model
+
+
+def _tensorboard_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def on_train_end(self: Any, logs: Any = None) -> Any:
+        result = original(self, logs)  # closes the writers
+        own = _OWN_FOLDERS.pop(self, None)
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+        # rank 0's event files are closed and complete: the barrier of a hook that wrote (_in_step) follows
+        _state.wrote = True
+        return result
+
+    return on_train_end
+
+
+_OWN_TREATMENT = {("OrbaxCheckpoint", "set_model"): _orbax_set_model,
+                  ("OrbaxCheckpoint", "on_train_end"): _orbax_train_end,
+                  ("TensorBoard", "set_model"): _tensorboard_set_model,
+                  ("TensorBoard", "on_train_end"): _tensorboard_train_end}
+"""Hooks of a callback that writes other than through ``file_utils``, with what each needs besides."""
+
+
+def _file_callback_classes() -> Iterator[Type[Any]]:
+    callbacks = keras_modules.callbacks_package()
+    for name in FILE_CALLBACKS:
+        found: Optional[Type[Any]] = getattr(callbacks, name, None)
+        if found is not None:
+            yield found
+
+
+OVERRIDE = Override(
+    name="callbacks that write files", kind=Kind.KERAS_OBJECTS,
+    owner="file_utils() and callbacks_package()'s BackupAndRestore, ModelCheckpoint, CSVLogger, TensorBoard, "
+          "OrbaxCheckpoint",
+    attributes=WRITES + LOOKS + ("File",) + HOOKS + ("OrbaxCheckpoint.checkpointer", "TensorBoard.log_dir"),
+    description="callbacks: files written once (rank 0), the ranks in step after a hook that wrote",
+    apply=_file_callbacks_write_once)

@@ -1,0 +1,12 @@
+"""The train/test/predict step under a distribution.
+
+- :mod:`.data`: the step functions: batches distributed before each step, logs and predictions made global;
+- :mod:`.compile`: ``jit_compile=True`` under a distribution (a traceable ``cast``, 3.16's compile switch, the
+  train step of Keras 3.12 to 3.15 compiled);
+- :mod:`.layer_compile`: each distinct repeated block compiled once, shared by every block like it;
+- :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out like their
+  parameters;
+- :mod:`.ddp`: models with DTensor weights kept out of Keras 3.16's ``DistributedDataParallel`` wrap;
+- :mod:`.promotion_mode`: Keras 3.16's own mixed-operand dispatch mode, replaced by our promotion while patched;
+- :mod:`.tracebacks`: Keras' traceback filter hides the integration's frames.
+"""

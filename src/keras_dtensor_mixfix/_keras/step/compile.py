@@ -1,0 +1,228 @@
+"""``jit_compile=True`` under a distribution.
+
+Keras' ``torch.compile`` of a step that holds DTensors keeps Keras' own backend (torch's default,
+inductor) and asks for static shapes: with automatic dynamic shapes, the recompile that follows a
+new batch size fails to retrace DTensor specs. On Keras 3.12 to 3.15 that applies under any distribution;
+on Keras 3.16, which refuses ``jit_compile`` under non-``DataParallel`` distributions because of its
+dispatch mode, it applies where our promotion replaced that mode (:mod:`.promotion_mode`), and
+``DataParallel`` compiles as Keras does.
+
+The backend was ``aot_eager`` before, after a report of inductor giving wrong numbers for
+model-sharded steps on CPU; it never reproduced (sharded steps compiled by inductor equal one process
+on (1, 2) and (2, 2) meshes, torch 2.13 and 2.15: ``tests/keras_integration/test_keras.py::test_jit_compile``), and
+``aot_eager`` gave no speed. keras_hub models do not compile usefully yet (README).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from ..._lifecycle.recorder import PatchRecorder
+from ..boundary import keras_modules, keras_private
+from ..boundary.overrides import Kind, Override
+from ..boundary.patches import rebind_everywhere, replaced_for_the_call
+from . import ddp, layer_compile, promotion_mode
+
+
+def _cast_traceable(patches: PatchRecorder) -> None:
+    core = keras_modules.core()
+    rebind_everywhere(patches, core.cast, _traceable_cast(core.cast))
+
+
+def _compile_allowed_while_replaced(patches: PatchRecorder) -> None:
+    trainer_class = keras_modules.trainer_class()
+    original_use = getattr(trainer_class, keras_private.TRAINER_USE_TORCH_COMPILE)
+
+    @functools.wraps(original_use)
+    def _use_torch_compile(self: Any) -> bool:
+        if promotion_mode.replaced():  # the mode Keras refuses to compile under is off
+            return not self.run_eagerly and bool(self.jit_compile)
+        return original_use(self)
+
+    patches.set(trainer_class, keras_private.TRAINER_USE_TORCH_COMPILE, _use_torch_compile)
+
+
+def _train_step_compiled_under_distribution(patches: PatchRecorder) -> None:
+    trainer_class = keras_modules.trainer_class()
+    original_train_step = trainer_class.train_step
+
+    def train_step(self: Any, data: Any) -> Any:
+        if keras_modules.distribution() is None or not self.jit_compile:
+            return original_train_step(self, data)
+        return _compiled_train_step(self, data)
+
+    patches.set(trainer_class, "train_step", train_step)
+
+
+TRACEABLE_CAST = Override(
+    name="cast", kind=Kind.OPS, family="casting",
+    owner="core() (and every Keras module importing it)", attributes=("cast",),
+    description="ops: cast of a NumPy value traced as a tensor while compiling", apply=_cast_traceable)
+
+TRAIN_STEP = Override(
+    name="train step", kind=Kind.TRAIN_STEP, owner="trainer_class()", attributes=("train_step",),
+    description="jit_compile: each distinct repeated block compiled once, or the whole step",
+    apply=_train_step_compiled_under_distribution, needed=lambda: not keras_modules.native_promotion_mode())
+"""Keras 3.12 to 3.15: the train step compiled under a distribution is :func:`_compiled_train_step`."""
+
+COMPILE_ALLOWED = Override(
+    name="compile allowed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
+    attributes=(keras_private.TRAINER_USE_TORCH_COMPILE,),
+    description="jit_compile: each distinct repeated block compiled once, or the whole step (also under "
+                "ModelParallel while our promotion replaces Keras' mode)",
+    apply=_compile_allowed_while_replaced, needed=keras_modules.native_promotion_mode)
+"""Keras 3.16, which refuses ``jit_compile`` under its own promotion mode: allowed where ours replaced it."""
+
+
+def _traceable_cast(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras' ``cast``, given a NumPy value as a torch tensor first while TorchDynamo traces.
+
+    TorchDynamo traces NumPy values as arrays, and Keras' ``convert_to_tensor`` reads ``x.dtype`` of one,
+    which it cannot trace: a graph break. keras_hub Gemma's attention casts a NumPy scalar
+    (``q *= ops.cast(1 / np.sqrt(head_dim), q.dtype)``), and the break there made ``q`` an input of the
+    resumed graph, modified in place, which torch's AOTAutograd gets wrong for a DTensor
+    (``repros/torch_compile_mutated_dtensor_input.py``). Same values: ``cast`` converts to the dtype it is
+    given either way, on the device Keras would put the tensor on; in eager nothing changes.
+    """
+    import numpy as np
+    import torch
+
+    get_device = keras_modules.core().get_device
+
+    @functools.wraps(original)
+    def cast(x: Any, dtype: Any) -> Any:
+        if isinstance(x, (np.ndarray, np.generic)) and torch.compiler.is_compiling():
+            # Keras' own conversion places the tensor on its device; a CPU tensor would stay on the CPU
+            x = torch.as_tensor(x, device=get_device())
+        return original(x, dtype)
+
+    return cast
+
+
+def static_shapes(trainer: Any) -> bool:
+    """Whether ``trainer``'s step functions are to be compiled with static shapes (under a distribution)."""
+    if not trainer.jit_compile or trainer.run_eagerly:
+        return False
+    if keras_modules.native_promotion_mode():
+        return promotion_mode.replaced()
+    return keras_modules.distribution() is not None
+
+
+def make_with_static_shapes(original_make: Callable[..., Any], trainer: Any, force: bool) -> bool:
+    """``original_make(trainer, force=force)`` for a step compiled under a distribution; returns whether its layers
+    are compiled instead (:mod:`.layer_compile`: the step then stays eager).
+
+    Either way Keras' ``torch.compile`` is asked for static shapes (Keras passes no options: the backend stays
+    Keras' own); compiling per layer, the step's own ``torch.compile`` returns the step as it is.
+    """
+    import torch
+
+    per_layer = layer_compile.prepare(trainer)
+    # torch.compile is global: replaced through a recorder for the one call, restored exactly after it (or left, with
+    # a warning, if someone replaced it on top meanwhile)
+    with replaced_for_the_call() as patches:
+        patches.set(torch, "compile", _not_compiled if per_layer else functools.partial(torch.compile, dynamic=False))
+        original_make(trainer, force=force)
+    return per_layer
+
+
+def _not_compiled(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    return function
+
+
+def compiles_sharded_weights(trainer: Any) -> bool:
+    """Whether ``trainer``'s steps are compiled with sharded weights: under a distribution, or with DTensor weights
+    (a model built under one, used after ``set_distribution(None)``)."""
+    if not trainer.jit_compile or trainer.run_eagerly:
+        return False
+    return keras_modules.distribution() is not None or ddp.holds_dtensor_parameters(trainer)
+
+
+def outside_autograd_cache(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``step`` (compiled with sharded weights), run with AOTAutograd's on-disk cache off while it compiles.
+
+    The ranks of a host share that cache, and its key did not tell their steps apart: on a (2, 2) mesh, on
+    Keras 3.12.4, ranks 1 and 3 loaded the step ranks 0 and 2 had saved, whose collectives name process groups
+    they are not in ("Could not resolve the process group registered under the name 1"), and the step failed
+    on those ranks and hung on the others (with ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` it ran); so did the steps of
+    the same model compiled again after ``set_distribution(None)``. Each rank compiles its own steps instead;
+    inductor's own cache, keyed by the compiled graph (group names included), stays on.
+    """
+    from ..._torch.api import without_autograd_cache  # imports torch: not at the package's import
+
+    @functools.wraps(step)
+    def uncached(data: Any) -> Any:
+        with without_autograd_cache():
+            return step(data)
+
+    return uncached
+
+
+def _eagerly(function: Callable[[], Any]) -> Any:
+    """``function()`` outside TorchDynamo (a graph break where the step calls it):
+
+    - clearing the gradients and the losses layers kept from the last step (:func:`_start_step`);
+    - ``backward``: the compiled backward's Python wrapper rebuilds each DTensor gradient with
+      ``DTensor.__tensor_unflatten__``, and while the step's frame is being compiled TorchDynamo took
+      that function for a frame of its own to compile, once per gradient shape and placement (until
+      its recompile limit), each time breaking its graph at ``DTensor(...)``.
+    """
+    import torch
+
+    return torch.compiler.disable(function)()
+
+
+def _start_step(trainer: Any) -> None:
+    """``zero_grad()``, and the losses layers kept from the last step cleared (as the model's call clears them).
+
+    Traced, ``zero_grad`` guards on every gradient being None and the call's clearing on the kept losses,
+    which hold in the first step only: step 2 compiled the whole step again (a minute for a one-layer
+    keras_hub model), and with a MoE router's auxiliary loss every later step too.
+    """
+    trainer.zero_grad()
+    trainer._clear_losses()
+
+
+def _detach_kept_losses(trainer: Any) -> None:
+    """The losses layers keep from ``add_loss`` (keras_hub MoE routers' auxiliary loss), detached once the step's
+    loss holds them: kept, each left the compiled forward as an output that needs a gradient, and ``backward()``
+    of the step's loss gives it none, which a DTensor output cannot take ("Expected a DTensor tangent but got a
+    plain Tensor"). Their values are unchanged; the next call of the model clears them as before."""
+    import torch
+
+    for layer in trainer._flatten_layers():
+        kept = layer._losses
+        if kept:
+            kept[:] = [t.detach() if isinstance(t, torch.Tensor) else t for t in kept]
+
+
+def _compiled_train_step(trainer: Any, data: Any) -> Any:
+    """Keras 3.12-3.15's torch train step (the same in each), with predictions detached before ``backward()``.
+
+    Under torch.compile the step is split at ``backward()``; a DTensor prediction returned by the
+    forward graph but unused by the loss's backward receives a plain zero tangent, which the
+    compiled backward rejects ("Expected a DTensor tangent"). Metrics need no gradient, so the
+    predictions they see are detached first. Clearing the gradients and kept losses, and the backward, run
+    eagerly (:func:`_eagerly`); the losses layers keep are detached once the step's loss holds them.
+    """
+    import torch
+
+    tree = keras_modules.tree()
+    x, y, sample_weight = keras_modules.data_adapter_utils().unpack_x_y_sample_weight(data)
+    _eagerly(functools.partial(_start_step, trainer))
+    y_pred = trainer(x, training=True) if trainer._call_has_training_arg else trainer(x)
+    loss = trainer._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+    _detach_kept_losses(trainer)
+    first_input = next(leaf for leaf in tree.flatten(x) if leaf is not None)
+    trainer._loss_tracker.update_state(loss, sample_weight=first_input.shape[0])
+    y_pred = tree.map_structure(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y_pred)
+    if trainer.optimizer is not None:
+        loss = trainer.optimizer.scale_loss(loss)
+    weights = trainer.trainable_weights[:]
+    if weights:
+        _eagerly(loss.backward)
+        gradients = [variable.value.grad for variable in weights]
+        with torch.no_grad():
+            trainer.optimizer.apply(gradients, weights)
+    return trainer.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

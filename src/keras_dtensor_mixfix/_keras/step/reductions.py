@@ -1,0 +1,154 @@
+"""Where a model-sharded Keras step reduces partial sums: at layer outputs, and once per gradient.
+
+DTensor chooses each op's sharding by itself, op by op, by the cheapest communication for that op
+alone. A row-sharded kernel's matmul leaves a ``Partial`` result; the next op then finds it
+cheaper to all-gather its (small) kernel than to reduce the activation, so partial sums travel on
+through the model, every later kernel is gathered in every step, and the gradients come out
+``Partial`` too, to be reduced again by each optimizer kernel that reads them (Adam: three times).
+That is what made a 2-rank Gemma step send ~110 collectives where the single-process math needs a
+handful (measured: ``benchmarks/keras_model_step.py``).
+
+Under a Keras distribution (ours on Keras 3.12 to 3.15, Keras' own on 3.16 while the integration is
+installed), two rules bring it to what tensor-parallel training does by design (and what XLA's
+partitioner finds for JAX):
+
+- a layer's output is never left ``Partial``: it is reduced to ``Replicate`` on those mesh dims,
+  and the gradient arriving at a layer's output is reduced the same way in backward (the gradient
+  of a value read by column-sharded kernels is a partial sum over their shards);
+- a parameter's gradient is laid out like the parameter as soon as it is accumulated, so the
+  optimizer meets matching placements and reduces nothing (a hook that
+  ``distribution_lib.distribute_variable`` registers on each parameter it makes).
+
+Both keep every value (a redistribution never changes the global tensor), and act only on
+DTensors under a distribution: a program without one runs exactly as before; after ``uninstall()``
+the hooks left on parameters made meanwhile do nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..._lifecycle.recorder import PatchRecorder
+from ..boundary import keras_modules, keras_private
+from ..boundary.overrides import Kind, Override
+
+
+_boundary: Any = None  # the autograd Function, made at install (torch is imported lazily here)
+
+
+def _settling_partial_sums(patches: PatchRecorder) -> None:
+    global _boundary
+    from ..backend import distribution_lib as ours
+
+    Layer = keras_modules.layer_class()
+    tree = keras_modules.tree()  # bound here: the wrapper below runs inside compiled steps
+    _boundary = _boundary_function()
+
+    patches.set(ours, "GRADIENTS_LIKE_PARAMETERS", True)
+    if keras_modules.native_layout_variables():  # Keras 3.16 makes the DTensor parameters itself
+        _hook_native_parameters(patches)
+
+    original_call = Layer.__call__
+
+    @functools.wraps(original_call)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outputs = original_call(self, *args, **kwargs)
+        if keras_modules.distribution() is None:
+            return outputs
+        return tree.map_structure(settle_partial_sums, outputs)
+
+    patches.set(Layer, "__call__", __call__)
+
+
+
+OVERRIDE = Override(
+    name="partial sums settled", kind=Kind.KERAS_OBJECTS,
+    owner="layer_class(); our distribution_lib; core().Variable (3.16)",
+    attributes=("__call__", "GRADIENTS_LIKE_PARAMETERS", keras_private.VARIABLE_INITIALIZE_DISTRIBUTED),
+    description="sharded steps: gradients take their parameters' layouts; layer outputs and their gradients are "
+                "never left partial sums",
+    apply=_settling_partial_sums)
+
+def settle_partial_sums(value: Any) -> Any:
+    """``value`` with no ``Partial`` placement in forward, nor in the gradient it receives."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, DTensor):
+        return value
+    if not (value.requires_grad and torch.is_grad_enabled()):
+        return _reduced(value)
+    if torch.compiler.is_compiling():
+        # traced into the graph: a Function (a tensor hook on an intermediate would break the graph)
+        return _boundary.apply(value)
+    if getattr(value, _SETTLED, False):  # a nested layer's output, settled already
+        return value
+    # Eager: DTensor's own differentiable reduction (its backward keeps a whole gradient whole) and a
+    # hook that reduces a partial-sum gradient. The output stays an ordinary tensor: layers may
+    # modify it in place (a custom Function's pass-through output is a view, which autograd forbids
+    # to modify in place, e.g. Qwen MoE's ``shared_expert_output *= ...``).
+    settled = _reduced(value)
+    settled.register_hook(_reduced_gradient)
+    setattr(settled, _SETTLED, True)
+    return settled
+
+
+_SETTLED = "_keras_dtensor_mixfix_settled"
+"""Marks a layer output already settled (a nested layer's). Set on the output tensor itself, which lives as long as the
+step's autograd graph: uninstall cannot reach it, and after uninstall no wrapper reads it."""
+
+
+def _reduced_gradient(grad: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return _reduced(grad) if isinstance(grad, DTensor) else grad
+
+
+def _reduced(value: Any) -> Any:
+    """``value`` with its ``Partial`` mesh dims made ``Replicate`` (one all-reduce), else itself."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.placement_types import Partial
+
+    placements = value.placements
+    if not any(isinstance(p, Partial) for p in placements):
+        return value
+    wanted = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    return value.redistribute(value.device_mesh, wanted)
+
+
+def _boundary_function() -> Any:
+    import torch
+
+    class LayerOutputBoundary(torch.autograd.Function):
+        """Identity on values; ``Partial`` reduced in forward (the output) and backward (its gradient).
+        Used while compiling, where it is traced into the graph."""
+
+        @staticmethod
+        def forward(ctx: Any, value: Any) -> Any:
+            reduced = _reduced(value)
+            # a copy, not a view: a view returned by a Function may not be modified in place
+            return reduced.clone() if reduced is value else reduced
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return _reduced_gradient(grad)
+
+    return LayerOutputBoundary
+
+
+def _hook_native_parameters(patches: PatchRecorder) -> None:
+    """Keras' own layout-aware variables (3.16): each DTensor parameter they make gets the gradient hook."""
+    from ..backend import distribution_lib as ours
+
+    variable_class = keras_modules.core().Variable
+    original = getattr(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED)
+
+    @functools.wraps(original)
+    def _initialize_distributed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        parameter = original(self, *args, **kwargs)
+        if parameter is not None:
+            ours.lay_out_gradient_like(parameter)
+        return parameter
+
+    patches.set(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED, _initialize_distributed)
