@@ -14,7 +14,7 @@ SymNodeVariable() is not a constant").
 
 Seen on torch 2.12.1, 2.13.0 and 2.15.0. No keras_dtensor_mixfix involved.
 Keras' torch train step calls ``backward()`` inside the function it compiles for ``jit_compile=True``;
-``_keras/step/compile.py`` (``_eagerly``) runs the backward with ``torch.compiler.disable``.
+``_keras/step/forked_train_step.py`` (``_eagerly``) runs the backward with ``torch.compiler.disable``.
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_dynamo_compiles_dtensor_unflatten.py``
 (exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.

@@ -51,7 +51,8 @@ from ._keras.gate import keras_gate
 from ._keras.layout_maps import whole_weights
 from ._keras.ops import (activations, attention_ops, convolution, einsum_kernel_split, embedding_ops, local_einsum,
                          normalization, reduction_ops, repeat, reshape, tensor_ops, vocab_parallel_loss)
-from ._keras.step import compile, data, ddp, layer_compile, promotion_mode, reductions, tracebacks
+from ._keras.step import (compile, data, ddp, forked_train_step, layer_compile, promotion_mode, reductions,
+                          tracebacks)
 from ._lifecycle.recorder import PatchRecorder
 from ._rules.errors import UnsupportedKerasError
 
@@ -63,7 +64,7 @@ __all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit",
 
 OVERRIDES: Tuple[Override, ...] = (
     backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, reductions.OVERRIDE, values.OVERRIDE,
-    data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, compile.TRAIN_STEP, compile.COMPILE_ALLOWED,
+    data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, forked_train_step.TRAIN_STEP, compile.COMPILE_ALLOWED,
     saving.OVERRIDE, callback_files.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
     embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,
     local_einsum.OVERRIDE, einsum_kernel_split.OVERRIDE, repeat.OVERRIDE, reshape.OVERRIDE, normalization.OVERRIDE,

@@ -1,8 +1,10 @@
 """The train/test/predict step under a distribution.
 
 - :mod:`.data`: the step functions: batches distributed before each step, logs and predictions made global;
-- :mod:`.compile`: ``jit_compile=True`` under a distribution (a traceable ``cast``, 3.16's compile switch, the
-  train step of Keras 3.12 to 3.15 compiled);
+- :mod:`.compile`: ``jit_compile=True`` under a distribution (static shapes, a traceable ``cast``, 3.16's compile
+  switch);
+- :mod:`.forked_train_step`: Keras 3.12 to 3.15's train step, forked to compile under a distribution (those
+  releases only);
 - :mod:`.layer_compile`: each distinct repeated block compiled once, shared by every block like it;
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out like their
   parameters;
