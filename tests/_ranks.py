@@ -49,7 +49,7 @@ def rank() -> int:
 
 @contextlib.contextmanager
 def forced_defect(name: str, forced: bool = True):
-    """With ``forced``, the running torch is taken to have the ``TORCH_DEFECTS`` entry ``name`` (both readers of
+    """With ``forced``, the running torch is taken to have the upstream-defect table's entry ``name`` (both readers of
     the table see it; the engine's per-op caches are cleared around it)."""
     from keras_dtensor_mixfix._engine import corrections
     from keras_dtensor_mixfix._engine.caches import CACHES

@@ -628,7 +628,7 @@ def test_cast_of_a_numpy_value_compiles_into_one_graph():
 
 
 def _torch_has(defect):
-    """Whether the running torch has the ``TORCH_DEFECTS`` entry ``defect``."""
+    """Whether the running torch has the upstream-defect table's entry ``defect``."""
     import torch
 
     from keras_dtensor_mixfix._torch.versions import has_defect

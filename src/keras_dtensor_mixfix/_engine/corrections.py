@@ -11,7 +11,7 @@ come here.
 - ``nll_loss_forward`` / ``nll_loss2d_forward`` with ``reduction="mean"`` over an input split along a
   non-class dim: DTensor averages each rank's own mean (``Partial("avg")``), which is the global mean
   only when every rank's denominator is the same. With class weights or an ``ignore_index`` that some
-  targets hit, the denominators differ (pytorch/pytorch#185167, fixed in torch 2.15;
+  targets hit, the denominators differ (pytorch/pytorch#185167; torch 2.11 to 2.13, fixed in 2.14:
   ``repros/torch_nll_loss_weighted_mean.py``).
   Computed here as the summed loss over the summed weight, as one process does; ``total_weight`` is
   returned as DTensor's mean strategy returns it (summed over the ranks), so the backward, which DTensor
@@ -327,32 +327,38 @@ def _index_op_on_whole_operands(op: Call) -> Call:
     return index_op
 
 
-_CORRECTIONS: Dict[str, Callable[[Call], Call]] = {
+_ELEMENTWISE_MEAN = "mse_loss_mean_backward"
+"""The defect behind every elementwise loss's mean correction (its repro shows it with ``mse_loss``)."""
+
+_CORRECTIONS: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
+    # op: (the upstream defect (_upstream.DEFECTS) it works around, the correction)
     # (self, target, reduction, ...) and their backward (grad_output, self, target, reduction, ...)
-    "aten::mse_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
-    "aten::mse_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
-    "aten::huber_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
-    "aten::huber_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
-    "aten::smooth_l1_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
-    "aten::smooth_l1_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
-    "aten::soft_margin_loss.default": _elementwise_mean_as_sum(2, (0, 1)),
-    "aten::soft_margin_loss_backward.default": _elementwise_mean_as_sum(3, (1, 2)),
+    "aten::mse_loss.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(2, (0, 1))),
+    "aten::mse_loss_backward.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(3, (1, 2))),
+    "aten::huber_loss.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(2, (0, 1))),
+    "aten::huber_loss_backward.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(3, (1, 2))),
+    "aten::smooth_l1_loss.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(2, (0, 1))),
+    "aten::smooth_l1_loss_backward.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(3, (1, 2))),
+    "aten::soft_margin_loss.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(2, (0, 1))),
+    "aten::soft_margin_loss_backward.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(3, (1, 2))),
     # (self, target, weight, reduction) and (grad_output, self, target, weight, reduction)
-    "aten::binary_cross_entropy.default": _elementwise_mean_as_sum(3, (0, 1)),
-    "aten::binary_cross_entropy_backward.default": _elementwise_mean_as_sum(4, (1, 2)),
+    "aten::binary_cross_entropy.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(3, (0, 1))),
+    "aten::binary_cross_entropy_backward.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(4, (1, 2))),
     # (self, target, weight, pos_weight, reduction)
-    "aten::binary_cross_entropy_with_logits.default": _elementwise_mean_as_sum(4, (0, 1)),
-    "aten::index.Tensor": _index_by_mask,
-    "aten::index_put.default": _put_by_mask,
-    "aten::index_put_.default": _put_by_mask,
-    "aten::_index_put_impl_.default": _put_by_mask,
-    "aten::nll_loss_forward.default": _nll_loss_mean_over_shards,
-    "aten::nll_loss2d_forward.default": _nll_loss_mean_over_shards,
+    "aten::binary_cross_entropy_with_logits.default": (_ELEMENTWISE_MEAN, _elementwise_mean_as_sum(4, (0, 1))),
+    "aten::index.Tensor": ("boolean_mask_index", _index_by_mask),
+    "aten::index_put.default": ("boolean_mask_index", _put_by_mask),
+    "aten::index_put_.default": ("boolean_mask_index", _put_by_mask),
+    "aten::_index_put_impl_.default": ("boolean_mask_index", _put_by_mask),
+    "aten::nll_loss_forward.default": ("nll_loss_weighted_mean", _nll_loss_mean_over_shards),
+    "aten::nll_loss2d_forward.default": ("nll_loss_weighted_mean", _nll_loss_mean_over_shards),
 }
+"""Corrections installed on the torch releases that have the defect they work around (every supported release but
+the nll_loss one's, which 2.14 fixed)."""
 
 
 _ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
-    # op: (the _torch.versions.TORCH_DEFECTS entry that calls for it, the correction)
+    # op: (the upstream defect (_upstream.DEFECTS) that calls for it, the correction)
     "aten::stack.default": ("stack_negative_dim_misplaced", _stack_with_a_non_negative_dim),
     # a boolean mask's local form first, as on every release
     "aten::index_put_.default": ("index_put_inplace_without_strategy", _index_put_in_place_on_2_11),
@@ -366,15 +372,15 @@ _ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
     "aten::index_copy_.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
     "aten::ne.Tensor": ("ne_tensor_without_strategy", _not_equal_as_not_eq),
 }
-"""Corrections installed only on the torch releases that have the defect they work around."""
+"""Corrections of torch 2.11's defects, tried before the general ones (:data:`_CORRECTIONS`) for the same op."""
 
 
 def corrected(name: str, call: Call) -> Optional[Call]:
-    """The correcting replacement of ``call`` (the op ``name``, e.g. ``aten::nll_loss_forward.default``), or None."""
-    on_defect = _ON_RELEASES_WITH.get(name)
-    if on_defect is not None and has_defect(on_defect[0], running_torch_version()):
-        return on_defect[1](call)
-    make = _CORRECTIONS.get(name)
-    if make is None:
-        return foreach_partial.corrected(name, call)  # only on the releases that need it
-    return make(call)
+    """The correcting replacement of ``call`` (the op ``name``, e.g. ``aten::nll_loss_forward.default``), or None:
+    installed only where the running torch has the defect it works around (the upstream-defect table decides)."""
+    version = running_torch_version()
+    for table in (_ON_RELEASES_WITH, _CORRECTIONS):
+        entry = table.get(name)
+        if entry is not None and has_defect(entry[0], version):
+            return entry[1](call)
+    return foreach_partial.corrected(name, call)  # only on the releases that need it

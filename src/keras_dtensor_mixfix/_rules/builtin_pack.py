@@ -201,7 +201,7 @@ KNOWN_WRONG_IN_DTENSOR = {
 
 
 KNOWN_WRONG_ON_RELEASES_WITH = {
-    # op: (the _torch.versions.TORCH_DEFECTS entry, condition, what is wrong, what to do)
+    # op: (the upstream defect (_upstream.DEFECTS), condition, what is wrong, what to do)
     "aten::convolution": (
         "conv_weight_grad_partial",
         _convolution_weight_grad_overcounted,

@@ -14,10 +14,11 @@
   backward fails on; the same reduction runs as ``amax``/``amin`` instead.
 - ``argmax`` and ``argmin`` over a dim split on a 2-D mesh (a sparse categorical accuracy over
   vocabulary-split logits, one batch row per rank): DTensor's handler gathers the pieces and fails
-  reshaping them ("shape '[1, 8, 2, 2, 8, 1]' is invalid for input of size 16", torch 2.12-2.13, fixed in 2.15;
-  repro: ``repros/torch_argmax_2d.py``). An input split over two or more mesh dims is gathered
+  reshaping them ("shape '[1, 8, 2, 2, 8, 1]' is invalid for input of size 16"; torch 2.11 to 2.14, fixed in 2.15:
+  repro ``repros/torch_argmax_2d.py``). On those releases an input split over two or more mesh dims is gathered
   along the reduced dim first (the mesh dims that split it become ``Replicate``); an input split
-  over one mesh dim keeps DTensor's own handler, which gathers only each piece's winner.
+  over one mesh dim, and any input on a release without the defect, keeps DTensor's own handler, which gathers
+  only each piece's winner.
 """
 
 from __future__ import annotations
@@ -101,14 +102,18 @@ ARG_REDUCTIONS = ("argmax", "argmin")
 
 
 def _whole_along_reduced(original: Any) -> Any:
+    from ..._torch.versions import has_defect, running_torch_version
+
     largest = original.__name__ == "argmax"
+    # where DTensor's own handler cannot reduce a dim split on a 2-D mesh (the upstream-defect table says where)
+    whole_first = has_defect("argmax_2d_mesh_one_row_per_rank", running_torch_version())
 
     @functools.wraps(original)
     def reduction(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
         found = winner_across_pieces(x, axis, keepdims, largest)
         if found is not None:
             return found
-        return original(whole_along(x, axis), axis, keepdims)
+        return original(whole_along(x, axis) if whole_first else x, axis, keepdims)
 
     return reduction
 

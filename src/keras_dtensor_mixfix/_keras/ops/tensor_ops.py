@@ -142,7 +142,7 @@ def _dtensor_cumsum(original: Any, on_local_pieces: bool) -> Any:
 
 def _replicated_slice_update(original: Any) -> Any:
     """Keras' ``slice_update`` with a sharded input made ``Replicate`` first; on a torch whose DTensor has no
-    strategy for ``index_put_`` (2.11: ``_torch.versions.TORCH_DEFECTS``), run on the whole values' local tensors
+    strategy for ``index_put_`` (2.11: ``_upstream.DEFECTS``), run on the whole values' local tensors
     (every operand replicated: the same computation as one process) and wrapped as ``Replicate`` again; a plain
     input written with DTensor updates there gets the updates' whole value and stays plain (2.11 cannot flatten
     a head-split update, as Keras' slow path does: ``repros/torch_view_flatten_split_dim.py``)."""
