@@ -9,7 +9,6 @@ plain tensor, and a layout is kept as given (see ``_distribution``).
 
 from __future__ import annotations
 
-import ast
 import importlib
 import os
 
@@ -445,29 +444,3 @@ def test_the_restore_comparison_sees_an_attribute_left_replaced(caplog):
     assert _changed(targets, before) == []
 
 
-@pytest.mark.skipif(KERAS_OWN_DISTRIBUTION, reason=(
-    "the example feeds the global NumPy batch on every process (the package's convention on Keras 3.15.1); "
-    "Keras 3.16 refuses NumPy input on several processes unless distribution.auto_shard_dataset = False, "
-    "with or without the package"))
-def test_example_runs_under_torchrun():
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_DTENSOR_MIXFIX")}  # auto-activation on
-    env.update(GLOO_SOCKET_IFNAME="lo", KERAS_BACKEND="torch", OMP_NUM_THREADS="1")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-         "--master-port", str(port), os.path.join(root, "examples", "keras_model_parallel.py")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "placements (Replicate(), Shard(dim=1)) (local (16, 32))" in result.stdout, result.stdout
-    losses = ast.literal_eval(result.stdout.split("loss per epoch:")[1].splitlines()[0])
-    assert losses[-1] < losses[0], losses
-    accuracy = float(result.stdout.split("accuracy:")[1].split()[0])
-    assert accuracy > 0.9, result.stdout  # a 3-class problem the model learns (0.96 with the example's seed)
