@@ -64,7 +64,8 @@ __all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit",
 
 OVERRIDES: Tuple[Override, ...] = (
     backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, reductions.OVERRIDE, values.OVERRIDE,
-    data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, forked_train_step.TRAIN_STEP, compile.COMPILE_ALLOWED,
+    data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, forked_train_step.TRAIN_STEP,
+    compile.COMPILE_ALLOWED,
     saving.OVERRIDE, callback_files.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
     embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,
     local_einsum.OVERRIDE, einsum_kernel_split.OVERRIDE, repeat.OVERRIDE, reshape.OVERRIDE, normalization.OVERRIDE,
@@ -74,21 +75,55 @@ OVERRIDES: Tuple[Override, ...] = (
 """Every change the integration may make to Keras (:class:`._keras.boundary.overrides.Override`), applied in this order
 where their ``after`` allows; the report lists them in the same order."""
 
-_lock = threading.RLock()
-_installed: Optional[PatchRecorder] = None
-_applied: List[Override] = []
-_recorded_by: List[Tuple[str, int]] = []  # (override name, how many of _installed's records it made), in order
-_report: List[str] = []
-_patched_here = False
+
+class _Integration:
+    """What ``install()`` applied to the running Keras, and the one lock guarding it.
+
+    The lock is held only to read or change these fields, never while calling anything: ``install()`` and
+    ``uninstall()`` mark the integration busy under it, apply or restore the overrides (and patch or unpatch) with
+    it released, then publish the result under it. A second thread's ``install()`` or ``uninstall()`` waits for a busy
+    one to finish; the busy thread's own nested call (a Keras import an override triggers, which auto-activation
+    answers with ``install()``) returns at once.
+    """
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition(threading.Lock())
+        self.busy_in: Optional[int] = None  # the thread applying or restoring, outside the lock
+        self.recorder: Optional[PatchRecorder] = None
+        self.applied: List[Override] = []
+        self.recorded_by: List[Tuple[str, int]] = []  # (override name, how many of recorder's records it made)
+        self.report: List[str] = []
+        self.patched_here = False  # install() patched the package (uninstall() unpatches it)
+
+    def begin(self) -> bool:
+        """Wait until no other thread is busy, then mark this one busy; False for the busy thread's own nested call.
+        Called with ``changed`` held."""
+        me = threading.get_ident()
+        if self.busy_in == me:
+            return False
+        while self.busy_in is not None:
+            self.changed.wait()
+        self.busy_in = me
+        return True
+
+    def end(self) -> None:
+        """This thread is no longer busy. Called with ``changed`` held."""
+        self.busy_in = None
+        self.changed.notify_all()
+
+
+_STATE = _Integration()
 
 
 def is_installed() -> bool:
-    return _installed is not None
+    with _STATE.changed:
+        return _STATE.recorder is not None
 
 
 def report() -> List[str]:
     """What ``install()`` added (for ``doctor``)."""
-    return list(_report)
+    with _STATE.changed:
+        return list(_STATE.report)
 
 
 def writes_once(callback: Any) -> Any:
@@ -121,75 +156,80 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
 
     Raises :class:`UnsupportedKerasError`, leaving Keras as it is, on a Keras outside the supported
     releases; ``allow_newer_keras`` (default: ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS``) lets a newer
-    one in if the Keras self-check passes.
+    one in if the Keras self-check passes. Safe to call from several threads: one installs, the others wait for it.
     """
-    global _installed, _patched_here
-    with _lock:
-        if _installed is not None:
+    from ._lifecycle.patching import is_patched, patch
+
+    backend = keras_modules.backend_name()
+    if backend != "torch":
+        log.debug("keras_dtensor_mixfix: Keras backend is %s, not torch: nothing to install", backend)
+        return False
+    with _STATE.changed:
+        if not _STATE.begin():
+            return True  # this thread's own install() is applying the overrides
+        if _STATE.recorder is not None:
+            _STATE.end()
             return True
-        backend = keras_modules.backend_name()
-        if backend != "torch":
-            log.debug("keras_dtensor_mixfix: Keras backend is %s, not torch: nothing to install", backend)
-            return False
-    reason = keras_gate.refusal(allow_newer_keras)  # may run the self-check (a subprocess): not under the lock
-    if reason is not None:
-        raise UnsupportedKerasError(reason)
-    with _lock:
-        if _installed is not None:
-            return True
-        patches = PatchRecorder()
-        applied: List[Override] = []
+    patches = PatchRecorder()
+    applied: List[Override] = []
+    try:
+        reason = keras_gate.refusal(allow_newer_keras)  # may run the self-check (a subprocess)
+        if reason is not None:
+            raise UnsupportedKerasError(reason)
         recorded_by: List[Tuple[str, int]] = []
         added: List[str] = []
-        try:
-            ordered = in_order(OVERRIDES)
-            needed = [override.needed() for override in ordered]  # on Keras as it is, before any is applied
-            for override, wanted in zip(ordered, needed):
-                if not wanted:
-                    if override.kept is not None:
-                        added.append(override.kept)
-                    continue
-                recorded = len(patches)
-                line = override.apply(patches)
-                recorded_by.append((override.name, len(patches) - recorded))
-                applied.append(override)
-                added.append(line or override.description)
-        except BaseException:
-            patches.restore()
-            _forget(applied)
-            raise
-        _installed = patches
-        _applied[:] = applied
-        _recorded_by[:] = recorded_by
-        _report[:] = added
-        from ._lifecycle.patching import is_patched, patch
-
-        if not is_patched():
+        ordered = in_order(OVERRIDES)
+        needed = [override.needed() for override in ordered]  # on Keras as it is, before any is applied
+        for override, wanted in zip(ordered, needed):
+            if not wanted:
+                if override.kept is not None:
+                    added.append(override.kept)
+                continue
+            recorded = len(patches)
+            line = override.apply(patches)
+            recorded_by.append((override.name, len(patches) - recorded))
+            applied.append(override)
+            added.append(line or override.description)
+        patched_here = not is_patched()
+        if patched_here:
             patch()  # promotion is the safety net for plain tensors that still meet DTensors
-            _patched_here = True
-        log.info("keras_dtensor_mixfix: Keras distribution support installed (%s)", "; ".join(added))
-        return True
+    except BaseException:
+        patches.restore()
+        _forget(applied)
+        with _STATE.changed:
+            _STATE.end()
+        raise
+    with _STATE.changed:
+        _STATE.recorder, _STATE.applied, _STATE.recorded_by = patches, applied, recorded_by
+        _STATE.report, _STATE.patched_here = added, patched_here
+        _STATE.end()
+    log.info("keras_dtensor_mixfix: Keras distribution support installed (%s)", "; ".join(added))
+    return True
 
 
 def uninstall() -> None:
     """Restore every attribute ``install()`` replaced, unpatch the package if ``install()`` patched it, then let each
     applied override forget what it kept per model or distribution (Keras 3.16: its own promotion mode back where
     Keras would have it)."""
-    global _installed, _patched_here
-    with _lock:
-        if _installed is None:
-            return
-        _installed.restore()
-        _installed = None
-        _recorded_by.clear()
-        _report.clear()
-        if _patched_here:  # undo only the patch install() made
-            from ._lifecycle.patching import unpatch
+    from ._lifecycle.patching import unpatch
 
-            _patched_here = False
+    with _STATE.changed:
+        if not _STATE.begin():
+            return  # this thread's own install() or uninstall() is running
+        recorder, applied, patched_here = _STATE.recorder, _STATE.applied, _STATE.patched_here
+        if recorder is None:
+            _STATE.end()
+            return
+        _STATE.recorder, _STATE.applied, _STATE.recorded_by, _STATE.report = None, [], [], []
+        _STATE.patched_here = False
+    try:
+        recorder.restore()
+        if patched_here:  # undo only the patch install() made
             unpatch()
-        applied, _applied[:] = list(_applied), []
         _forget(applied)
+    finally:
+        with _STATE.changed:
+            _STATE.end()
 
 
 def _forget(applied: List[Override]) -> None:
@@ -201,10 +241,11 @@ def _forget(applied: List[Override]) -> None:
 def _replaced_attributes() -> List[Tuple[str, Any, str]]:
     """``(override name, owner, attribute)`` for every attribute the installed integration replaced (none if not
     installed), oldest first."""
-    with _lock:
-        if _installed is None:
-            return []
-        records = _installed.records()
-        names = [name for name, count in _recorded_by for _ in range(count)]
-        names += [""] * (len(records) - len(names))  # none expected: every override applies within install()
-        return [(name, record.owner, record.name) for name, record in zip(names, records)]
+    with _STATE.changed:
+        recorder, recorded_by = _STATE.recorder, list(_STATE.recorded_by)
+    if recorder is None:
+        return []
+    records = recorder.records()
+    names = [name for name, count in recorded_by for _ in range(count)]
+    names += [""] * (len(records) - len(names))  # none expected: every override applies within install()
+    return [(name, record.owner, record.name) for name, record in zip(names, records)]

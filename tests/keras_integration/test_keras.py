@@ -406,7 +406,7 @@ def test_install_and_uninstall_restore_every_replaced_attribute_exactly():
     assert keras_integration.install() and keras_integration.install()  # the second one changes nothing
     again = keras_integration._replaced_attributes()
     first_records = {}
-    for record in keras_integration._installed.records():  # what each target held before install()'s first change
+    for record in keras_integration._STATE.recorder.records():  # what each target held before install()'s first change
         first_records.setdefault((id(record.owner), record.name), record.previous)
     assert [key for key in targets if first_records[key] is not before[key]] == []
     assert [(o, id(owner), name) for o, owner, name in again] == [(o, id(owner), name) for o, owner, name in replaced]

@@ -32,7 +32,8 @@ def test_the_keras_integration_records_through_the_one_recorder():
     was_installed = keras_integration.is_installed()
     keras_integration.install()
     try:
-        assert isinstance(keras_integration._installed, PatchRecorder) and len(keras_integration._installed) > 0
+        recorder = keras_integration._STATE.recorder
+        assert isinstance(recorder, PatchRecorder) and len(recorder) > 0
     finally:
         if not was_installed:
             keras_integration.uninstall()
