@@ -1,7 +1,7 @@
 """``python -m keras_dtensor_mixfix doctor|demo`` (also installed as the ``keras-dtensor-mixfix`` command).
 
 torch is imported by the commands, not by this module: ``--help`` and a mistyped command answer
-at once instead of after torch's import (about 2 s).
+at once, without waiting for torch's import.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ With exactly two positional arguments and no kwargs it goes further once the fir
 has shown that DTensor needs no redistribution for it: later calls run the op on the local tensors
 and wrap the result as DTensor would (see direct.py), with no re-dispatch.
 
-This is the hot path of every mixed op (~8 us a call): what it reads is bound to locals and module
-globals, and it calls no more functions than it must.
+This is the hot path of every mixed op (its cost: BENCHMARKS.md): what it reads is bound to locals and
+module globals, and it calls no more functions than it must.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def promote_fast(info: OpState, func: Any, args: Tuple[Any, ...], kwargs: Dict[s
             or plain.device != peer_local.device:
         return NOT_FAST
     # The admission (opstate.admit), as remembered for the options and rules in force; the test that it is
-    # still current is opstate.admission's, inline (one Python call is ~1% of this path).
+    # still current is opstate.admission's, inline (a Python call would be a measurable share of this path).
     admission = info.admission
     if admission.options is not _current_options() or admission.version != _registry.version:
         flags = _admit(info, func)

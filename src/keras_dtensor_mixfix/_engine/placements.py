@@ -57,7 +57,7 @@ def broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
     b = tuple(b)
     if all(type(size) is int for size in a + b):
         # Concrete sizes (eager): the broadcasting rule itself, without torch.broadcast_shapes'
-        # overhead (about 2.5 us a call).
+        # per-call overhead.
         for x, y in zip(reversed(a), reversed(b)):
             if x != y and x != 1 and y != 1:
                 return False

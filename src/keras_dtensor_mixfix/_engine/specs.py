@@ -13,8 +13,8 @@ from .caches import CACHES, remember
 
 _SLICES = CACHES.slices
 # Specs are immutable once built (torch itself shares one spec between DTensors, e.g. from its
-# sharding-propagation cache), and building one costs about 12 us, so promotions in eager mode
-# reuse them. Never used while tracing: sizes may be symbolic there.
+# sharding-propagation cache), and building one is costly next to the rest of a promotion, so
+# promotions in eager mode reuse them. Never used while tracing: sizes may be symbolic there.
 _SPECS = CACHES.specs
 
 # Placement types whose specs may be shared; anything else (_StridedShard, user subclasses) is

@@ -1,6 +1,6 @@
 """Where we intercept: per-op ``torch_dispatch`` rules for the ``DTensor`` class.
 
-Measured on torch 2.13 (docs/architecture.md "How the patch intercepts"): base DTensor ops no longer pass
+Since torch 2.10 (docs/architecture.md "How the patch intercepts"), base DTensor ops do not pass
 through ``DTensor.__torch_dispatch__`` (a C++ fast path raises the mixed-operand error itself), but a
 rule registered for ``(op, DTensor)`` in torch's dispatch-rule registry (the registry behind
 ``torch.library.register_torch_dispatch``) is consulted before that fast path, in eager, in

@@ -84,7 +84,7 @@ def resolve_op(op: OpLike) -> OpOverload | OpOverloadPacket:
 def namespace_ops(namespace: str) -> list[str]:
     """Names (``ns::name``, no overload) of the operators registered in ``namespace`` so far.
 
-    Reads the dispatcher's full list (a few ms): for error messages and registration-time policy only.
+    Reads the dispatcher's full list of operator names: for error messages and registration-time policy only.
     Empty on a torch without that listing (the namespace is then treated as unknown).
     """
     prefix = namespace + "::"

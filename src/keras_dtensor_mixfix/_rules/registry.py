@@ -126,7 +126,7 @@ class RuleRegistry:
         """Check the pending rules: those whose op is now defined stop being pending, and the listeners
         are told about each such op (so a patch in force hooks it). Returns the handles resolved.
 
-        Costs nothing when no rule is pending; a few microseconds per pending rule otherwise.
+        Costs nothing when no rule is pending; one operator lookup per pending rule otherwise.
         """
         if not self._pending and not self._unannounced:
             return []

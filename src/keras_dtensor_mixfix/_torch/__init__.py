@@ -9,9 +9,8 @@ releases they were checked on. ``tests/unit/torch_boundary/test_torch_boundary.p
 this package names one.
 
 The one documented exception: the promotion engine (``_engine/``) reads ``DTensor._local_tensor``
-and ``DTensor._spec`` directly. It reads them several times per promoted op, on the path that
-BENCHMARKS.md times at about 8 us per mixed op, and a Python function call around each read
-(about 0.05 us apiece) would add a share of that for no gain in safety. Both attributes are
-checked like every other private name (``checks.check_dtensor_attributes``), and
-``dtensor_attributes`` serves the code off that path.
+and ``DTensor._spec`` directly. It reads them several times per promoted op, on the hot path of
+every mixed op (BENCHMARKS.md), where a Python function call around each read would add cost for
+no gain in safety. Both attributes are checked like every other private name
+(``checks.check_dtensor_attributes``), and ``dtensor_attributes`` serves the code off that path.
 """

@@ -68,8 +68,8 @@ def dtensor_fast_constructor() -> Optional[Callable[..., Any]]:
     """DTensor's C++ constructor ``torch.Tensor._dtensor__new__(cls, local, spec, requires_grad=)``.
 
     ``DTensor(...)`` is that constructor followed by a Python ``__init__`` that does nothing but is
-    wrapped for dynamo and export (about 1.3 us of the 2 us a construction costs); eager
-    promotions call the C++ part alone. None where DTensor is built differently.
+    wrapped for dynamo and export (most of what a construction costs); eager promotions call the C++
+    part alone. None where DTensor is built differently.
     """
     constructor = getattr(torch.Tensor, "_dtensor__new__", None)
     return constructor if constructor is not None and DTensor.__new__ is constructor else None

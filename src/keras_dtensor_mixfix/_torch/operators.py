@@ -35,7 +35,7 @@ def all_op_names() -> List[str]:
     """Every operator overload name the dispatcher knows so far (``aten::mul.Tensor``; ``aten::mm`` for a
     default overload); empty on a torch without the listing (callers then treat every namespace as unknown).
 
-    ``torch._C._dispatch_get_all_op_names``; a few ms: not for the promotion path.
+    ``torch._C._dispatch_get_all_op_names``, which lists every operator: not for the promotion path.
     """
     return [] if _all_op_names is None else list(_all_op_names())
 

@@ -61,8 +61,8 @@ def from_pieces(local: Any, mesh: Any, placements: Sequence[Any], shape: Sequenc
         shape: the global shape (``from_local`` is told it: no check, no communication).
         stride: the global stride; default contiguous, in which case a piece laid out otherwise (torch's
             attention returns a transposed view) is made contiguous first, since DTensor lowers a reshape it
-            believes a view to ``view`` on the piece, which refuses a non-contiguous one (keras_hub's GPT-NeoX
-            failed so reshaping its attention output).
+            believes a view to ``view`` on the piece, which refuses a non-contiguous one (as when keras_hub's
+            GPT-NeoX reshapes its attention output).
 
     Returns:
         The DTensor, differentiable with respect to ``local``.

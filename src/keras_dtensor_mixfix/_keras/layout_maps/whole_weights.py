@@ -2,8 +2,7 @@
 
 A user shards a model because it does not fit one device; a large weight no rule of the layout map matches (Llama3's
 untied output projection under keras_hub's own map) is silently replicated, with its optimizer slots, and every
-rank computes its whole matmul (Llama3 at issue 31's compute size: 13% of a 2-rank step). The warning names the
-variable and a rule that would shard it.
+rank computes its whole matmul. The warning names the variable and a rule that would shard it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Keras' ``dot_product_attention`` of DTensors, run on each rank's batch rows and heads.
 
 DTensor has no strategy for CPU's ``_scaled_dot_product_flash_attention_for_cpu`` and derives one through its
-decomposition, which on a 2-D mesh took minutes per new shape and then found none (Keras 3.15.1). Keras 3.16 runs
-attention on local tensors itself, but takes every operand's local piece as if it had the query's placements: a
-whole mask meeting batch-split queries (keras_hub's ``generate()`` under ``DataParallel`` or on a (2, 2) mesh)
-failed "The size of tensor a (2) must match the size of tensor b (4)". Attention is independent per batch row and
-per head, so it runs on this rank's rows and heads (query, key, value and mask or bias taken to the query's
-batch/head sharding, everything else replicated) and the result is wrapped with those placements: the same
+decomposition, which on a 2-D mesh runs a long search for each new shape and then finds none (Keras 3.15.1).
+Keras 3.16 runs attention on local tensors itself, but takes every operand's local piece as if it had the query's
+placements: a whole mask meeting batch-split queries (keras_hub's ``generate()`` under ``DataParallel`` or on a
+(2, 2) mesh) fails "The size of tensor a (2) must match the size of tensor b (4)". Attention is independent per
+batch row and per head, so it runs on this rank's rows and heads (query, key, value and mask or bias taken to the
+query's batch/head sharding, everything else replicated) and the result is wrapped with those placements: the same
 values, differentiably.
 """
 

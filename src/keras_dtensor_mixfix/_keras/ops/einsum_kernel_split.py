@@ -4,10 +4,7 @@ keras_hub's Llama, Llama3 and Qwen layout maps split the query, key and value ke
 (``(hidden, heads, head_dim)``) along the hidden dim, their *input*, on the "model" axis. With the
 activations whole on every rank, each projection then gives a partial sum over ranks, reduced at once
 (an all-reduce of the whole ``(batch, length, heads, head_dim)`` projection, three per layer forward
-and more in backward), and attention runs on every head on every rank. Measured at issue 21's compute
-size (Llama3, hidden 512, 8 heads, 4 layers, batch 8 x 128 tokens, (1, 2) mesh): 12 all-reduces of
-2 MiB forward, 19 all-gathers in backward, and the attention and its output projection computed
-twice.
+and more in backward), and attention runs on every head on every rank.
 
 Splitting the kernel along an output label instead (Megatron's column-parallel projection) needs no
 reduction of the result: each rank computes its own heads, attention runs on them (``attention_ops``),
@@ -17,9 +14,9 @@ kernel (a layer's weight) is smaller than the result whose reduction it replaces
 kernel's first output label in its own dim order (the heads of ``(hidden, heads, head_dim)``), where
 that label is not split already and divides evenly.
 
-The same runs while ``torch.compile`` traces (Keras' ``jit_compile``): skipped there, the compiled step
-took another path than eager (attention on every head, then an output projection DTensor failed to
-propagate under fake tensors: keras_hub Qwen and Llama3).
+The same runs while ``torch.compile`` traces (Keras' ``jit_compile``), so the compiled step takes the
+path eager takes: without it, attention would run on every head, and DTensor fails to propagate the
+output projection's sharding under fake tensors (keras_hub Qwen and Llama3).
 
 The layout map chose the input split, and the re-split costs each step a gather of the kernel: a warning, once per
 layout map rule, names the rule that splits the kernel along that output from the start (the same axes, the

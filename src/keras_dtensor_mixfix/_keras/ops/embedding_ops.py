@@ -159,8 +159,8 @@ def settle_mask_partial(value: Any) -> Any:
 
 
 # The autograd.Function, made by install() (torch is imported lazily) and read from here while
-# tracing: TorchDynamo cannot trace a class definition, and an lru_cache'd factory that made the
-# class on first use broke the graph inside Keras' name_scope (the first use is traced)
+# tracing: TorchDynamo cannot trace a class definition, so the class is not made on first use either
+# (the first use may be traced, and defining it there breaks the graph inside Keras' name_scope)
 _SETTLE: list = []
 
 
@@ -175,7 +175,7 @@ def _settle_function() -> Any:
 
         DTensor's own backward of this redistribution takes the gradient to the source's placements
         with ``Replicate`` for a plain ``Partial`` only: a ``Partial`` gradient (a row-sharded
-        matmul downstream, when the batch axis is trivial) met ``_MaskPartial`` and failed with
+        matmul downstream, when the batch axis is trivial) meets ``_MaskPartial`` and fails with
         "Redistribution from one partial type ... is unsupported". The gradient of a sum over ranks
         is the whole gradient on every rank: ``Replicate`` on those mesh dims.
         """

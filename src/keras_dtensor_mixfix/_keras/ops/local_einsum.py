@@ -3,9 +3,9 @@
 torch's ``einsum`` is not one op for DTensor: it decomposes into permutes, reshapes and ``bmm``.
 Reshaping a head-sharded attention operand merges heads into the batch dim, which DTensor can
 only describe as a strided shard; its sharding propagation then searches redistribution graphs
-(seconds per new shape: most of a 2-rank Gemma model's first step) and may pick a plan that
-gathers. Yet an einsum whose operands are sharded along the same label needs no communication at
-all: each rank contracts its own pieces. Per mesh dim, the result is
+(a slow search, repeated for each new shape) and may pick a plan that gathers. Yet an einsum whose
+operands are sharded along the same label needs no communication at all: each rank contracts its own
+pieces. Per mesh dim, the result is
 
 - ``Replicate`` when every operand is replicated;
 - ``Shard`` of the output dim of label ``L`` when every operand that has ``L`` is sharded along it
@@ -37,7 +37,7 @@ training.
 The same path runs while ``torch.compile`` traces (Keras' ``jit_compile``): ``to_local`` and
 ``from_local`` with explicit shape and stride trace on torch 2.13, and the planning is plain Python
 on placements, written so TorchDynamo can follow it (``_exactly``). Left to DTensor, compiled
-attention failed sharding propagation of ``aten.bmm`` on a strided shard under fake tensors.
+attention fails sharding propagation of ``aten.bmm`` on a strided shard under fake tensors.
 """
 
 from __future__ import annotations

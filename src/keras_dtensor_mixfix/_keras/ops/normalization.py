@@ -4,7 +4,7 @@ Keras' ``ops.rms_normalization`` (the ``RMSNormalization`` layer) runs torch's `
 backend. For a DTensor split along the normalized axis, DTensor takes the mean of squares over the pieces as a
 pending average (``Partial(avg)``), and torch's CPU kernel then adds epsilon to it in place, which DTensor refuses:
 "aten.add_.Scalar: in-place operations that require placement changes are not supported" (torch 2.12-2.15,
-with or without the package). keras_hub's SmolLM3 met it on a (2, 2) mesh wherever its activations came out of
+with or without the package). keras_hub's SmolLM3 meets it on a (2, 2) mesh wherever its activations come out of
 an embedding whose hidden dim the layout splits over "batch": Keras' build call, before the first step, and
 ``generate()``.
 

@@ -183,7 +183,7 @@ def _local_one_hot(original: Any) -> Any:
 
     Traced, torch's ``one_hot`` of a DTensor checks its input's range with ``aten._assert_async.msg``,
     which DTensor has no strategy for (``repros/torch_dtensor_one_hot_compiled.py``): a graph break
-    inside Keras' ``name_scope`` (keras_hub's Qwen MoE router), and the split graph then returned a
+    inside Keras' ``name_scope`` (keras_hub's Qwen MoE router), and the split graph then returns a
     view of its DTensor input, which AOTAutograd replays with ``as_strided`` ("as_strided not supported
     with DTensor"). Each element is encoded on its own, so the local piece gives this rank's part of the
     result; the new class axis is whole.

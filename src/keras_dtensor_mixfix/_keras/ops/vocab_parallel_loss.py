@@ -5,7 +5,7 @@ A causal LM whose output embedding is split over the vocabulary (keras_hub's Gem
 produces logits that are DTensors split on the class axis. Keras' torch
 ``sparse_categorical_crossentropy`` calls ``F.cross_entropy``, whose DTensor strategy gathers the
 whole class axis first: at batch 8, 128 tokens and 8,000 classes that is a 16 MB all-gather per step
-on each rank, and every rank then runs the softmax over every class (issue 21).
+on each rank, and every rank then runs the softmax over every class.
 
 Here each rank works on its own classes (what Megatron's vocabulary-parallel cross-entropy does, and
 GSPMD derives on JAX): the largest logit of each row (an all-reduce of one number per row), the sum

@@ -44,7 +44,7 @@ def _eagerly(function: Callable[[], Any]) -> Any:
 
     - clearing the gradients and the losses layers kept from the last step (:func:`_start_step`);
     - ``backward``: the compiled backward's Python wrapper rebuilds each DTensor gradient with
-      ``DTensor.__tensor_unflatten__``, and while the step's frame is being compiled TorchDynamo took
+      ``DTensor.__tensor_unflatten__``, and while the step's frame is being compiled TorchDynamo would take
       that function for a frame of its own to compile, once per gradient shape and placement (until
       its recompile limit), each time breaking its graph at ``DTensor(...)``.
     """
@@ -57,8 +57,8 @@ def _start_step(trainer: Any) -> None:
     """``zero_grad()``, and the losses layers kept from the last step cleared (as the model's call clears them).
 
     Traced, ``zero_grad`` guards on every gradient being None and the call's clearing on the kept losses,
-    which hold in the first step only: step 2 compiled the whole step again (a minute for a one-layer
-    keras_hub model), and with a MoE router's auxiliary loss every later step too.
+    which hold in the first step only: step 2 would compile the whole step again, and with a MoE router's
+    auxiliary loss every later step too.
     """
     trainer.zero_grad()
     trainer._clear_losses()

@@ -1,13 +1,12 @@
 """``jit_compile=True`` under a distribution, compiled per distinct repeated layer instead of per step.
 
 An LLM's decoder blocks are N instances of one layer with one configuration. Compiling the whole step
-makes TorchDynamo trace Keras' Python through every block and inductor compile each again: most of the
-first step (a minute and more on CPU for keras_hub models). Here the step runs as Keras runs it eagerly,
-and each group of interchangeable layers (:func:`repeated_groups`) is compiled once: every member's
-``call`` runs the group's one compiled function of the group's *template* (the first member called),
-with the template's variables holding the member's tensors for the duration of the call. The compiled
-code sees the same Python object every time, so its guards (layer names, paths, configuration) hold and
-nothing recompiles; the member's own tensors are the graph's inputs, so values and gradients are the
+makes TorchDynamo trace Keras' Python through every block and inductor compile each again. Here the step
+runs as Keras runs it eagerly, and each group of interchangeable layers (:func:`repeated_groups`) is compiled
+once: every member's ``call`` runs the group's one compiled function of the group's *template* (the first
+member called), with the template's variables holding the member's tensors for the duration of the call.
+The compiled code sees the same Python object every time, so its guards (layer names, paths, configuration)
+hold and nothing recompiles; the member's own tensors are the graph's inputs, so values and gradients are the
 member's. Inside the compiled region AOTAutograd lowers DTensor to local ops and collectives: the layer
 enters and leaves DTensor once.
 

@@ -5,8 +5,8 @@ alone. A row-sharded kernel's matmul leaves a ``Partial`` result; the next op th
 cheaper to all-gather its (small) kernel than to reduce the activation, so partial sums travel on
 through the model, every later kernel is gathered in every step, and the gradients come out
 ``Partial`` too, to be reduced again by each optimizer kernel that reads them (Adam: three times).
-That is what made a 2-rank Gemma step send ~110 collectives where the single-process math needs a
-handful (measured: ``benchmarks/keras_model_step.py``).
+A model-sharded step then sends far more collectives than the handful the single-process math needs
+(``benchmarks/keras_model_step.py`` counts them).
 
 Under a Keras distribution (ours on Keras 3.12 to 3.15, Keras' own on 3.16 while the integration is
 installed), two rules bring it to what tensor-parallel training does by design (and what XLA's
