@@ -72,10 +72,10 @@ class Defect:
 
     def applies(self, release: Optional[Release]) -> bool:
         """Whether ``release`` has this defect (an unlisted release: as the nearest listed one before it)."""
-        if release in self.fixed:
+        if release is None or release in self.fixed:
             return False
-        if release in self.broken or release is None:
-            return release in self.broken
+        if release in self.broken:
+            return True
         listed = sorted(self.broken + self.fixed)
         before = [listed_release for listed_release in listed if listed_release < release]
         return (before[-1] if before else listed[0]) in self.broken

@@ -353,8 +353,8 @@ _CORRECTIONS: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
     "aten::nll_loss_forward.default": ("nll_loss_weighted_mean", _nll_loss_mean_over_shards),
     "aten::nll_loss2d_forward.default": ("nll_loss_weighted_mean", _nll_loss_mean_over_shards),
 }
-"""Corrections installed on the torch releases that have the defect they work around (every supported release but
-the nll_loss one's, which 2.14 fixed)."""
+"""Corrections installed on the torch releases that have the defect they work around (``_upstream.DEFECTS`` says
+which)."""
 
 
 _ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
