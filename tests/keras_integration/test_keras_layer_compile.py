@@ -260,11 +260,9 @@ def _assert_equal(got, want):
 
 
 # On Keras 3.15 and later only: before 3.15 TorchDynamo breaks the graph at every Keras op (so a block is no one
-# graph), and ranks compiling each small graph on 2 cores cost minutes; the three tests after it run the per-block
-# compile there (with a block or the update refused), and the Keras 3.16 environment runs both meshes here
+# graph), and ranks compiling each small graph on 2 cores cost minutes; the Keras 3.16 environment runs both meshes
 @pytest.mark.skipif(not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
                                                       "one graph each (what this test counts) and 4 ranks take minutes; "
-                                                      "the refusal tests below run the per-block compile there, "
                                                       "this test runs on Keras 3.16")
 @pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
 def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
@@ -294,6 +292,15 @@ def test_the_whole_step_unit_equals_one_process():
     assert whole_step[0]["graphs"] >= 3, whole_step[0]["graphs"]  # train, test and predict steps
 
 
+# The three tests below run the per-block compile with a block or the update refused (the same code on every Keras).
+# Before Keras 3.15 TorchDynamo breaks the graph at every Keras op, and compiling op by op costs minutes on 2 cores:
+# they run on 3.15 and later (CI: the keras_hub environment, Keras 3.15.1)
+_COMPILES_BLOCKS_WHOLE = pytest.mark.skipif(
+    not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op (minutes on 2 cores); the same code runs "
+                                      "on Keras 3.15 and later (CI: the keras_hub environment)")
+
+
+@_COMPILES_BLOCKS_WHOLE
 def test_a_block_with_python_state_runs_eagerly_and_says_so():
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", True, world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"], counting=True)
@@ -303,6 +310,7 @@ def test_a_block_with_python_state_runs_eagerly_and_says_so():
         assert "'calls'" in out["warnings"][0] or "calls" in out["warnings"][0], out["warnings"]
 
 
+@_COMPILES_BLOCKS_WHOLE
 def test_a_block_torch_cannot_compile_runs_eagerly_and_says_why():
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", False, True, world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"])
@@ -313,6 +321,7 @@ def test_a_block_torch_cannot_compile_runs_eagerly_and_says_why():
         assert "a refusal made by the test" in out["warnings"][0]
 
 
+@_COMPILES_BLOCKS_WHOLE
 def test_an_optimizer_update_torch_cannot_compile_runs_eagerly_and_says_why():
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", False, "optimizer", world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"])
