@@ -63,8 +63,9 @@ __all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit",
 
 
 OVERRIDES: Tuple[Override, ...] = (
-    backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, reductions.OVERRIDE, values.OVERRIDE,
-    data.STEP_FUNCTIONS, data.DATA_ADAPTER, compile.TRACEABLE_CAST, forked_train_step.TRAIN_STEP,
+    backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, variables.LAYOUT_ARGUMENT, reductions.OVERRIDE,
+    reductions.GRADIENTS_OF_OUR_PARAMETERS, reductions.GRADIENTS_OF_NATIVE_PARAMETERS, values.OVERRIDE,
+    data.STEP_FUNCTIONS, data.BATCHES_DISTRIBUTED, data.DATA_ADAPTER, compile.TRACEABLE_CAST, forked_train_step.TRAIN_STEP,
     compile.COMPILE_ALLOWED,
     saving.OVERRIDE, callback_files.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
     embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,

@@ -193,9 +193,7 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
         distributed = value.detach().redistribute(mesh, placements)
     else:
         distributed = torch_distribute(value.detach(), mesh, list(placements), src_data_rank=0)
-    parameter = torch.nn.Parameter(distributed, requires_grad=trainable)
-    lay_out_gradient_like(parameter)
-    return parameter
+    return torch.nn.Parameter(distributed, requires_grad=trainable)
 
 
 def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch.dtype, layout: Any,
@@ -206,10 +204,8 @@ def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch
 
     mesh, placements = _resolve(layout)
     placements = fit_placements(tuple(shape), mesh, placements, "variable")
-    parameter = torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
-                                                placements=list(placements)), requires_grad=trainable)
-    lay_out_gradient_like(parameter)
-    return parameter
+    return torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
+                                           placements=list(placements)), requires_grad=trainable)
 
 
 def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
@@ -254,41 +250,7 @@ def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tup
         local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
         if local.numel():
             dist.recv(local, src=0)
-    parameter = torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
-    lay_out_gradient_like(parameter)
-    return parameter
-
-
-GRADIENTS_LIKE_PARAMETERS = False
-"""Whether the hook below acts: set while the Keras integration is installed (parameters made then keep
-their hook after ``uninstall()``, which then changes nothing)."""
-
-
-def lay_out_gradient_like(parameter: Any) -> None:
-    """Make ``parameter.grad`` take ``parameter``'s placements as soon as it is accumulated.
-
-    DTensor leaves a gradient with whatever placements backward produced (often ``Partial``); each
-    optimizer kernel reading it then reduces it again. Reduced once here, the optimizer's kernels
-    meet matching placements; the values are the same.
-    """
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    if not (isinstance(parameter, DTensor) and isinstance(parameter, torch.nn.Parameter) and parameter.requires_grad):
-        return
-    parameter.register_post_accumulate_grad_hook(_gradient_like_parameter)
-
-
-# Runs inside autograd's engine: under a compiled Keras step TorchDynamo would try (and fail) to
-# trace the redistribution as a frame of its own, every step.
-@torch.compiler.disable
-def _gradient_like_parameter(parameter: Any) -> None:
-    from torch.distributed.tensor import DTensor
-
-    grad = parameter.grad
-    if GRADIENTS_LIKE_PARAMETERS and isinstance(grad, DTensor) and (grad.placements != parameter.placements
-                                      or grad.device_mesh != parameter.device_mesh):
-        parameter.grad = grad.redistribute(parameter.device_mesh, parameter.placements)
+    return torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
 
 
 def batch_device(mesh: Any) -> torch.device:

@@ -36,11 +36,6 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
     original_initialize_with_initializer = getattr(variable_class, VARIABLE_INITIALIZE_WITH_INITIALIZER)
     original_assign = getattr(variable_class, VARIABLE_DIRECT_ASSIGN)
     original_repr = KerasVariable.__repr__
-    original_init = variable_class.__init__
-
-    def __init__(self: Any, *args: Any, layout: Any = None, **kwargs: Any) -> None:
-        set_variable_layout(self, layout)  # read by _initialize, which the common __init__ calls
-        original_init(self, *args, **kwargs)
 
     def _resolve_layout(self: Any, shape: Any) -> None:
         if variable_layout(self, None) is None:  # a subclass may skip __init__'s (copies, deserialization)
@@ -118,8 +113,6 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
                     f"placements={tuple(value.placements)} (values not gathered)>")
         return original_repr(self)
 
-    if not keras_modules.variables_take_layouts():
-        patches.set(variable_class, "__init__", functools.wraps(original_init)(__init__))
     patches.set(variable_class, VARIABLE_INITIALIZE, _initialize)
     patches.set(variable_class, VARIABLE_INITIALIZE_WITH_INITIALIZER, _initialize_with_initializer)
     patches.set(variable_class, VARIABLE_DIRECT_ASSIGN, _direct_assign)
@@ -129,12 +122,33 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
 
 OVERRIDE = Override(
     name="variables", kind=Kind.KERAS_OBJECTS, owner="core().Variable; base_variable_class() for __repr__",
-    attributes=("__init__", VARIABLE_INITIALIZE, VARIABLE_INITIALIZE_WITH_INITIALIZER, VARIABLE_DIRECT_ASSIGN,
+    attributes=(VARIABLE_INITIALIZE, VARIABLE_INITIALIZE_WITH_INITIALIZER, VARIABLE_DIRECT_ASSIGN,
                 "__repr__"),
     description="variables: layouts become DTensor parameters", apply=_layout_aware_variables,
     needed=lambda: not keras_modules.native_layout_variables(),
     kept="variables: Keras' own layout-aware variables kept")
 """On Keras 3.12 to 3.15; 3.16's variables make DTensor parameters themselves."""
+
+
+def _layout_argument_kept(patches: PatchRecorder) -> None:
+    variable_class = keras_modules.core().Variable
+    original_init = variable_class.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, layout: Any = None, **kwargs: Any) -> None:
+        set_variable_layout(self, layout)  # read by _initialize, which the common __init__ calls
+        original_init(self, *args, **kwargs)
+
+    patches.set(variable_class, "__init__", __init__)
+
+
+LAYOUT_ARGUMENT = Override(
+    name="variable layout argument", kind=Kind.KERAS_OBJECTS, owner="core().Variable", attributes=("__init__",),
+    description="variables: the layout given to a new variable kept (an optimizer's slot variables take their "
+                "reference's)",
+    apply=_layout_argument_kept,
+    needed=lambda: not (keras_modules.native_layout_variables() or keras_modules.variables_take_layouts()))
+"""On Keras 3.12 to 3.14, whose torch ``Variable`` drops its ``layout`` argument."""
 
 def _constant_fill(initializer: Any) -> Any:
     """The one value a Keras Zeros, Ones or scalar Constant initializer fills with, else None."""

@@ -1,6 +1,7 @@
 """The train/test/predict step under a distribution.
 
-- :mod:`.data`: the step functions: batches distributed before each step, logs and predictions made global;
+- :mod:`.data`: the step functions (the promotion mode synced, static shapes) and, on 3.12 to 3.15, batches
+  distributed before each step, logs and predictions made global;
 - :mod:`.compile`: ``jit_compile=True`` under a distribution (static shapes, a traceable ``cast``, 3.16's compile
   switch);
 - :mod:`.forked_train_step`: Keras 3.12 to 3.15's train step, forked to compile under a distribution (those

@@ -27,18 +27,14 @@ from . import compile as compile_step
 from . import layer_compile, promotion_mode
 
 
-def _wrap_step_functions(patches: PatchRecorder) -> str:
-    distribute_batches = not keras_modules.native_data_distribution()
+def _wrap_step_functions(patches: PatchRecorder) -> None:
     trainer_class = keras_modules.trainer_class()
     for kind in ("train", "test", "predict"):
         original_make = getattr(trainer_class, f"make_{kind}_function")
-        patches.set(trainer_class, f"make_{kind}_function",
-                    _wrapped_make(original_make, f"{kind}_function", distribute_batches))
-    return ("trainer: batches distributed on the batch axis; logs and predictions made global"
-            if distribute_batches else "trainer: Keras' own data distribution kept")
+        patches.set(trainer_class, f"make_{kind}_function", _wrapped_make(original_make, f"{kind}_function"))
 
 
-def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_batches: bool) -> Callable[..., Any]:
+def _wrapped_make(original_make: Callable[..., Any], attribute: str) -> Callable[..., Any]:
     def make(self: Any, force: bool = False) -> Any:
         existing = getattr(self, attribute)
         if existing is not None and not force:
@@ -59,15 +55,38 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str, distribute_
             inner = compile_step.outside_autograd_cache(inner)
 
         def step(data: Any) -> Any:
+            if keras_modules.distribution() is not None:
+                promotion_mode.sync()
+            return inner(data)
+
+        setattr(self, attribute, step)  # Keras' own attribute, as Keras sets it (kept at uninstall: see below)
+        return step
+
+    return make
+
+
+def _distributing_batches(patches: PatchRecorder) -> None:
+    trainer_class = keras_modules.trainer_class()
+    for kind in ("train", "test", "predict"):
+        original_make = getattr(trainer_class, f"make_{kind}_function")
+        patches.set(trainer_class, f"make_{kind}_function", _batches_distributed_by(original_make, f"{kind}_function"))
+
+
+def _batches_distributed_by(original_make: Callable[..., Any], attribute: str) -> Callable[..., Any]:
+    def make(self: Any, force: bool = False) -> Any:
+        existing = getattr(self, attribute)
+        if existing is not None and not force:
+            return existing
+        original_make(self, force=force)
+        inner = getattr(self, attribute)
+
+        def step(data: Any) -> Any:
             active = keras_modules.distribution()
             if active is None:
                 return inner(data)
-            promotion_mode.sync()
-            if not distribute_batches:
-                return inner(data)
             return _make_global(inner(_distribute_batch(data, active)))
 
-        setattr(self, attribute, step)  # Keras' own attribute, as Keras sets it (kept at uninstall: see below)
+        setattr(self, attribute, step)
         return step
 
     return make
@@ -162,8 +181,16 @@ STEP_FUNCTIONS = Override(
     attributes=("make_train_function", "make_test_function", "make_predict_function"),
     description="trainer: step functions wrapped", apply=_wrap_step_functions,
     undo=_forget_models_and_distributions)
-"""Every step: the promotion mode synced, compiled with static shapes (or per layer), and on Keras 3.12 to 3.15
-batches distributed."""
+"""Every step: the promotion mode synced, compiled with static shapes (or per layer)."""
+
+BATCHES_DISTRIBUTED = Override(
+    name="batches distributed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
+    attributes=("make_train_function", "make_test_function", "make_predict_function"),
+    description="trainer: batches distributed on the batch axis; logs and predictions made global",
+    apply=_distributing_batches, after=("step functions",),
+    needed=lambda: not keras_modules.native_data_distribution(), kept="trainer: Keras' own data distribution kept")
+"""On a Keras without data distribution of its own (3.12 to 3.15): each step's batches are distributed before the
+wrapped step (:data:`STEP_FUNCTIONS`) runs, and its results made global after."""
 
 DATA_ADAPTER = Override(
     name="data adapter", kind=Kind.TRAIN_STEP, owner="data_adapters()",

@@ -16,8 +16,8 @@ partitioner finds for JAX):
   and the gradient arriving at a layer's output is reduced the same way in backward (the gradient
   of a value read by column-sharded kernels is a partial sum over their shards);
 - a parameter's gradient is laid out like the parameter as soon as it is accumulated, so the
-  optimizer meets matching placements and reduces nothing (a hook that
-  ``distribution_lib.distribute_variable`` registers on each parameter it makes).
+  optimizer meets matching placements and reduces nothing (a hook registered on each parameter the
+  backend makes: our ``distribution_lib``'s on 3.12 to 3.15, Keras' own variables' on 3.16).
 
 Both keep every value (a redistribution never changes the global tensor), and act only on
 DTensors under a distribution: a program without one runs exactly as before; after ``uninstall()``
@@ -27,7 +27,8 @@ the hooks left on parameters made meanwhile do nothing.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import sys
+from typing import Any, Callable
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
@@ -39,16 +40,10 @@ _boundary: Any = None  # the autograd Function, made at install (torch is import
 
 def _settling_partial_sums(patches: PatchRecorder) -> None:
     global _boundary
-    from ..backend import distribution_lib as ours
 
     Layer = keras_modules.layer_class()
     tree = keras_modules.tree()  # bound here: the wrapper below runs inside compiled steps
     _boundary = _boundary_function()
-
-    patches.set(ours, "GRADIENTS_LIKE_PARAMETERS", True)
-    if keras_modules.native_layout_variables():  # Keras 3.16 makes the DTensor parameters itself
-        _hook_native_parameters(patches)
-
     original_call = Layer.__call__
 
     @functools.wraps(original_call)
@@ -61,14 +56,96 @@ def _settling_partial_sums(patches: PatchRecorder) -> None:
     patches.set(Layer, "__call__", __call__)
 
 
-
 OVERRIDE = Override(
-    name="partial sums settled", kind=Kind.KERAS_OBJECTS,
-    owner="layer_class(); our distribution_lib; core().Variable (3.16)",
-    attributes=("__call__", "GRADIENTS_LIKE_PARAMETERS", keras_private.VARIABLE_INITIALIZE_DISTRIBUTED),
-    description="sharded steps: gradients take their parameters' layouts; layer outputs and their gradients are "
-                "never left partial sums",
+    name="partial sums settled", kind=Kind.KERAS_OBJECTS, owner="layer_class()", attributes=("__call__",),
+    description="sharded steps: layer outputs and their gradients are never left partial sums",
     apply=_settling_partial_sums)
+
+
+GRADIENTS_LIKE_PARAMETERS = False
+"""Whether the gradient hook acts: set while the integration is installed (parameters made then keep their hook
+after ``uninstall()``, which then changes nothing)."""
+
+_MADE_BY_OUR_BACKEND = ("distribute_variable", "distribute_constant_variable", "distribute_variable_from_rank_zero")
+"""Our ``distribution_lib``'s functions that make a variable's parameter."""
+
+
+def _hook_our_parameters(patches: PatchRecorder) -> None:
+    """Our backend's parameters (Keras 3.12 to 3.15): each one it makes gets the gradient hook."""
+    from ..backend import distribution_lib as ours
+
+    patches.set(sys.modules[__name__], "GRADIENTS_LIKE_PARAMETERS", True)
+    for name in _MADE_BY_OUR_BACKEND:
+        patches.set(ours, name, _hooking(getattr(ours, name)))
+
+
+def _hook_native_parameters(patches: PatchRecorder) -> None:
+    """Keras' own layout-aware variables (3.16): each DTensor parameter they make gets the gradient hook."""
+    variable_class = keras_modules.core().Variable
+    patches.set(sys.modules[__name__], "GRADIENTS_LIKE_PARAMETERS", True)
+    patches.set(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED,
+                _hooking(getattr(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED)))
+
+
+def _hooking(make_parameter: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(make_parameter)
+    def made(*args: Any, **kwargs: Any) -> Any:
+        parameter = make_parameter(*args, **kwargs)
+        if parameter is not None:
+            lay_out_gradient_like(parameter)
+        return parameter
+
+    return made
+
+
+GRADIENTS_OF_OUR_PARAMETERS = Override(
+    name="gradients like parameters", kind=Kind.KERAS_OBJECTS,
+    owner="this module; our distribution_lib (backend/distribution_lib.py)",
+    attributes=("GRADIENTS_LIKE_PARAMETERS",) + _MADE_BY_OUR_BACKEND,
+    description="sharded steps: gradients take their parameters' layouts",
+    apply=_hook_our_parameters, needed=lambda: not keras_modules.native_layout_variables())
+"""On Keras 3.12 to 3.15, whose variables our backend makes."""
+
+GRADIENTS_OF_NATIVE_PARAMETERS = Override(
+    name="gradients like Keras' parameters", kind=Kind.KERAS_OBJECTS, owner="this module; core().Variable",
+    attributes=("GRADIENTS_LIKE_PARAMETERS", keras_private.VARIABLE_INITIALIZE_DISTRIBUTED),
+    description="sharded steps: gradients take their parameters' layouts (Keras' own DTensor parameters)",
+    apply=_hook_native_parameters, needed=keras_modules.native_layout_variables)
+"""On Keras 3.16, whose variables make their DTensor parameters themselves."""
+
+
+def lay_out_gradient_like(parameter: Any) -> None:
+    """Make ``parameter.grad`` take ``parameter``'s placements as soon as it is accumulated.
+
+    DTensor leaves a gradient with whatever placements backward produced (often ``Partial``); each
+    optimizer kernel reading it then reduces it again. Reduced once here, the optimizer's kernels
+    meet matching placements; the values are the same.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not (isinstance(parameter, DTensor) and isinstance(parameter, torch.nn.Parameter) and parameter.requires_grad):
+        return
+    parameter.register_post_accumulate_grad_hook(_compiled_out_hook())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_out_hook() -> Callable[[Any], None]:
+    # The hook runs inside autograd's engine: under a compiled Keras step TorchDynamo would try (and fail) to
+    # trace the redistribution as a frame of its own, every step.
+    import torch
+
+    return torch.compiler.disable(_gradient_like_parameter)
+
+
+def _gradient_like_parameter(parameter: Any) -> None:
+    from torch.distributed.tensor import DTensor
+
+    grad = parameter.grad
+    if GRADIENTS_LIKE_PARAMETERS and isinstance(grad, DTensor) and (grad.placements != parameter.placements
+                                      or grad.device_mesh != parameter.device_mesh):
+        parameter.grad = grad.redistribute(parameter.device_mesh, parameter.placements)
+
 
 def settle_partial_sums(value: Any) -> Any:
     """``value`` with no ``Partial`` placement in forward, nor in the gradient it receives."""
@@ -135,20 +212,3 @@ def _boundary_function() -> Any:
             return _reduced_gradient(grad)
 
     return LayerOutputBoundary
-
-
-def _hook_native_parameters(patches: PatchRecorder) -> None:
-    """Keras' own layout-aware variables (3.16): each DTensor parameter they make gets the gradient hook."""
-    from ..backend import distribution_lib as ours
-
-    variable_class = keras_modules.core().Variable
-    original = getattr(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED)
-
-    @functools.wraps(original)
-    def _initialize_distributed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        parameter = original(self, *args, **kwargs)
-        if parameter is not None:
-            ours.lay_out_gradient_like(parameter)
-        return parameter
-
-    patches.set(variable_class, keras_private.VARIABLE_INITIALIZE_DISTRIBUTED, _initialize_distributed)
