@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from keras_dtensor_mixfix._upstream import applies
+
 
 def _keras_release():
     if importlib.util.find_spec("keras") is None:
@@ -20,8 +22,9 @@ def _keras_release():
 KERAS_RELEASE = _keras_release()
 """(major, minor) of the installed Keras, or None without Keras."""
 
-OPS_TRACE_IN_ONE_GRAPH = KERAS_RELEASE is None or KERAS_RELEASE >= (3, 15)
-"""Keras' ops trace in one graph under torch.compile (3.15 and later: repros/keras_ops_fullgraph.py)."""
+OPS_TRACE_IN_ONE_GRAPH = KERAS_RELEASE is None or not applies("keras_ops_not_one_graph", KERAS_RELEASE)
+"""Keras' ops trace in one graph under torch.compile (3.15 and later: the upstream-defect table's
+``keras_ops_not_one_graph``, repros/keras_ops_fullgraph.py)."""
 
 one_graph = pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason=(
     "Keras 3.12 to 3.14's ops do not trace in one graph: any_symbolic_tensors flattens its arguments with torch's "

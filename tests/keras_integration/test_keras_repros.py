@@ -1,7 +1,8 @@
 """Minimal repros of the Keras limitations the package's tests step around; each fails where the limitation is.
 
-Each runs as a strict expected failure on the Keras releases where it shows and must pass on the others, so the
-day a release lifts one, the suite says so.
+Each takes its releases from the upstream-defect table (``_upstream.DEFECTS``): a strict expected failure where the
+table says the running Keras has the defect, a test that must pass where it says not, so the day a release lifts one,
+the suite says so.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import sys
 
 import pytest
 
-from _keras_releases import OPS_TRACE_IN_ONE_GRAPH
+from _keras_releases import KERAS_RELEASE
+from keras_dtensor_mixfix._upstream import BY_NAME, DEFECTS
 
 pytest.importorskip("keras", reason="the Keras repros need Keras")
 
@@ -21,9 +23,20 @@ import keras_duplicate_path_not_a_torch_parameter  # noqa: E402
 import keras_layer_compile_region_reuse  # noqa: E402
 import keras_ops_fullgraph  # noqa: E402
 
+_TESTED: set = set()
 
-@pytest.mark.xfail(not OPS_TRACE_IN_ONE_GRAPH, strict=True, reason=(
-    "Keras 3.12 to 3.14: any_symbolic_tensors' tree.flatten cannot be traced by TorchDynamo"))
+
+def keras_defect(name, only_when=True, also_when=False, **xfail_arguments):
+    """A strict expected failure where the table's entry ``name`` applies to the running Keras and ``only_when``
+    holds (a defect that also needs a torch release), or where ``also_when`` holds (another defect in the way)."""
+    _TESTED.add(name)
+    defect = BY_NAME[name]
+    expected = (defect.applies(KERAS_RELEASE) and only_when) or also_when
+    return pytest.mark.xfail(expected, strict=True, **xfail_arguments,
+                             reason=f"Keras {KERAS_RELEASE}: {defect.summary}; {defect.workaround.value}: {defect.where}")
+
+
+@keras_defect("keras_ops_not_one_graph")
 def test_a_keras_op_traces_in_one_graph():
     import torch
 
@@ -40,17 +53,19 @@ def _torch_release():
     return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 
-# reused on torch 2.12.1 with Keras 3.15.1; torch 2.13 refuses to reuse a region with side effects (Keras'
-# Layer.__call__ sets _called); on Keras 3.12 to 3.14 a graph break inside the region is an error
-@pytest.mark.xfail(not OPS_TRACE_IN_ONE_GRAPH or _torch_release() >= (2, 13), strict=True, reason=(
-    "Keras' Layer.__call__ has side effects, so TorchDynamo (2.13 and later) traces a marked layer at every call"))
+# Keras' side of a defect that also needs torch 2.13 or later (torch refuses to reuse a region with side effects:
+# Keras' Layer.__call__ sets _called): reused on torch 2.12.1 with Keras 3.15.1; on Keras 3.12 to 3.14 a graph break
+# inside the region is an error on every torch
+@keras_defect("keras_layer_compile_no_region_reuse", only_when=_torch_release() >= (2, 13),
+              also_when=BY_NAME["keras_ops_not_one_graph"].applies(KERAS_RELEASE))
 def test_a_repeated_keras_layer_is_compiled_once():
     keras_layer_compile_region_reuse.repro()
 
 
-# seen on Keras 3.12.4, 3.15.1 and keras-nightly 3.16.0.dev2026102704
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Keras' torch backend keys a layer's parameters by path: of two variables with one path, one is no torch parameter "
-    "(Keras 3.16's DataParallel, DistributedDataParallel, then never reduces its gradient: keras_hub SmolLM3)"))
+@keras_defect("keras_duplicate_path_not_a_parameter", raises=AssertionError)
 def test_every_trainable_variable_is_a_torch_parameter_of_the_model():
     keras_duplicate_path_not_a_torch_parameter.repro()
+
+
+def test_every_keras_defect_of_the_table_is_run_here():
+    assert _TESTED == {defect.name for defect in DEFECTS if defect.upstream == "keras"}
