@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import random
 import shutil
 import socket
 import tempfile
@@ -196,7 +197,34 @@ def _alive(pid: int) -> bool:
 # ----------------------------------------------------------------------------- parent side
 
 
+def _ephemeral_ports() -> Tuple[int, int]:
+    """The range the kernel takes the local ports of outgoing connections from (Linux's setting, else its default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as settings:
+            low, high = (int(value) for value in settings.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
+    """A port free to listen on, for rank 0's store: below the ephemeral range where it can be.
+
+    gloo opens many connections between ranks (of this pool and of any other run on the machine), each on a local port
+    from the ephemeral range; a port found free there can be taken by one of them before rank 0 listens on it
+    (``EADDRINUSE``). Below that range only another listener can take it.
+    """
+    low, _ = _ephemeral_ports()
+    draw = random.SystemRandom()  # not the random module's state, which a test may have seeded alike in every process
+    if low > 2048:
+        for _ in range(64):
+            port = draw.randrange(max(1024, low - 16384), low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((LOOPBACK, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]

@@ -181,3 +181,21 @@ def builtin_refusal(world_size):
 def test_the_builtin_pack_refuses_a_mixed_scatter_add_on_a_sharded_tensor(world_size):
     message = run_on_ranks(builtin_refusal, world_size, world_size=world_size)[0]
     assert "scatter_add" in message and "wrong src rows" in message and "Narrow src" in message, message
+
+
+def test_the_store_port_is_drawn_below_the_ports_outgoing_connections_take(monkeypatch):
+    import random
+    import socket
+
+    from keras_dtensor_mixfix import testing
+
+    low, _ = testing._ephemeral_ports()
+    random.seed(0)  # a test seeding Python's random in every process must not make processes draw the same ports
+    ports = {testing._free_port() for _ in range(20)}
+    assert all(max(1024, low - 16384) <= port < low for port in ports), (low, sorted(ports))
+    assert len(ports) > 1
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((testing.LOOPBACK, ports.pop()))  # free to listen on
+    # where no range lies below the ephemeral one, a port the kernel gives
+    monkeypatch.setattr(testing, "_ephemeral_ports", lambda: (1024, 60999))
+    assert testing._free_port() > 0
