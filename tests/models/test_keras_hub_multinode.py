@@ -11,7 +11,6 @@ must equal the single-process run's. Run as a script, this file is that program.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -23,9 +22,9 @@ CASE = ("gemma", "model_parallel", (2, 2))
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from keras_dtensor_mixfix.testing import _free_port as below_the_ephemeral_range  # as rank pools draw theirs
+
+    return below_the_ephemeral_range()
 
 
 def test_two_nodes_equal_single_process(tmp_path):

@@ -42,7 +42,6 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -197,9 +196,9 @@ def _normalize(text: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from keras_dtensor_mixfix.testing import _free_port as below_the_ephemeral_range  # as rank pools draw theirs
+
+    return below_the_ephemeral_range()
 
 
 EXIT_ABORT = "terminate called without an active exception"
