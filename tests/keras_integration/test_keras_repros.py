@@ -11,8 +11,10 @@ import os
 import sys
 
 import pytest
+import torch
 
-from _keras_releases import KERAS_RELEASE
+from _keras_releases import KERAS_RELEASE, OPS_TRACE_IN_ONE_GRAPH
+from keras_dtensor_mixfix._torch.versions import release_of
 from keras_dtensor_mixfix._upstream import BY_NAME, DEFECTS
 
 pytest.importorskip("keras", reason="the Keras repros need Keras")
@@ -47,17 +49,11 @@ def test_a_keras_op_traces_in_one_graph():
         raise
 
 
-def _torch_release():
-    import torch
-
-    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-
-
 # Keras' side of a defect that also needs torch 2.13 or later (torch refuses to reuse a region with side effects:
 # Keras' Layer.__call__ sets _called): reused on torch 2.12.1 with Keras 3.15.1; on Keras 3.12 to 3.14 a graph break
 # inside the region is an error on every torch
-@keras_defect("keras_layer_compile_no_region_reuse", only_when=_torch_release() >= (2, 13),
-              also_when=BY_NAME["keras_ops_not_one_graph"].applies(KERAS_RELEASE))
+@keras_defect("keras_layer_compile_no_region_reuse", only_when=release_of(torch.__version__) >= (2, 13),
+              also_when=not OPS_TRACE_IN_ONE_GRAPH)
 def test_a_repeated_keras_layer_is_compiled_once():
     keras_layer_compile_region_reuse.repro()
 

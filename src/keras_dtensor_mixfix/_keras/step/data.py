@@ -27,11 +27,19 @@ from . import compile as compile_step
 from . import layer_compile, promotion_mode
 
 
-def _wrap_step_functions(patches: PatchRecorder) -> None:
-    trainer_class = keras_modules.trainer_class()
-    for kind in ("train", "test", "predict"):
-        original_make = getattr(trainer_class, f"make_{kind}_function")
-        patches.set(trainer_class, f"make_{kind}_function", _wrapped_make(original_make, f"{kind}_function"))
+MakeWrapper = Callable[[Callable[..., Any], str], Callable[..., Any]]
+"""Given a trainer's ``make_<kind>_function`` and the attribute it sets (``<kind>_function``), its replacement."""
+
+
+def _each_make_function(wrapper: MakeWrapper) -> Callable[[PatchRecorder], None]:
+    """An override's ``apply`` replacing the trainer's three ``make_*_function`` by ``wrapper``'s."""
+    def apply(patches: PatchRecorder) -> None:
+        trainer_class = keras_modules.trainer_class()
+        for kind in ("train", "test", "predict"):
+            original_make = getattr(trainer_class, f"make_{kind}_function")
+            patches.set(trainer_class, f"make_{kind}_function", wrapper(original_make, f"{kind}_function"))
+
+    return apply
 
 
 def _wrapped_make(original_make: Callable[..., Any], attribute: str) -> Callable[..., Any]:
@@ -63,13 +71,6 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str) -> Callable
         return step
 
     return make
-
-
-def _distributing_batches(patches: PatchRecorder) -> None:
-    trainer_class = keras_modules.trainer_class()
-    for kind in ("train", "test", "predict"):
-        original_make = getattr(trainer_class, f"make_{kind}_function")
-        patches.set(trainer_class, f"make_{kind}_function", _batches_distributed_by(original_make, f"{kind}_function"))
 
 
 def _batches_distributed_by(original_make: Callable[..., Any], attribute: str) -> Callable[..., Any]:
@@ -179,7 +180,7 @@ def _global_batches_accepted(patches: PatchRecorder) -> None:
 STEP_FUNCTIONS = Override(
     name="step functions", kind=Kind.TRAIN_STEP, owner="trainer_class()",
     attributes=("make_train_function", "make_test_function", "make_predict_function"),
-    description="trainer: step functions wrapped", apply=_wrap_step_functions,
+    description="trainer: step functions wrapped", apply=_each_make_function(_wrapped_make),
     undo=_forget_models_and_distributions)
 """Every step: the promotion mode synced, compiled with static shapes (or per layer)."""
 
@@ -187,7 +188,7 @@ BATCHES_DISTRIBUTED = Override(
     name="batches distributed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
     attributes=("make_train_function", "make_test_function", "make_predict_function"),
     description="trainer: batches distributed on the batch axis; logs and predictions made global",
-    apply=_distributing_batches, after=("step functions",),
+    apply=_each_make_function(_batches_distributed_by), after=("step functions",),
     needed=lambda: not keras_modules.native_data_distribution(), kept="trainer: Keras' own data distribution kept")
 """On a Keras without data distribution of its own (3.12 to 3.15): each step's batches are distributed before the
 wrapped step (:data:`STEP_FUNCTIONS`) runs, and its results made global after."""
