@@ -45,3 +45,14 @@ def test_gpu_check_on_cpu():
         assert sum(not verdict.startswith("skipped") for *_, verdict in families["5"]) == expected, done.stdout
     else:
         assert all(verdict.startswith("skipped") for *_, verdict in keras_rows), done.stdout
+
+
+def test_only_runs_each_row_family_once():
+    """``--only 4,5`` (docs/gpu.md's families) runs the Keras workers once: family 5's rows come from family 4's."""
+    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "benchmarks", "gpu_check.py"))
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check._families("4,5") == ["4"]
+    assert gpu_check._families("5") == ["4"]
+    assert gpu_check._families("1, 2,3,4,5,6") == ["1", "2", "3", "4", "6"]
+    assert set(gpu_check._families("1,2,3,4,6")) == set(gpu_check.FAMILIES)
