@@ -9,6 +9,9 @@ import pytest
 # run subprocesses with their own environment.
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"
 os.environ.setdefault("KERAS_BACKEND", "torch")
+# Inductor compiles kernels in this process (it otherwise starts a pool of compile workers, each importing torch, in
+# every process that compiles: each rank worker, each subprocess); with two ranks on two cores the pool buys nothing.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 pytest_plugins = ["pytester"]
 
@@ -70,6 +73,28 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, marker))
         if not _in_folder(path, "unit"):
             item.add_marker(pytest.mark.ranks)
+        if not _in_folder(path, "unit") and os.path.basename(path) not in OWN_PROCESSES:
+            item.add_marker(pytest.mark.xdist_group("ranks"))
+
+
+OWN_PROCESSES = {"test_activation.py", "test_readme.py", "test_keras_plain_unchanged.py", "test_keras_gate.py",
+                 "test_pending_rules.py", "test_pytest_plugin.py", "test_doc_links.py", "test_project_config.py",
+                 "test_keras_repros.py", "test_testing_module.py", "test_devices.py",
+                 "test_errors_and_identity.py", "test_compose.py"}
+"""Test files outside ``unit/`` whose tests mostly start programs of their own (a fresh interpreter, torchrun,
+pytester) rather than run on the shared rank workers. Under ``pytest -n 2 --dist loadgroup`` (README's test command)
+every other test outside ``unit/`` is in one ``xdist_group``, so one pytest process holds the rank workers (2 and 4
+of them, started once) while the other runs these and the unit layer, on the core the ranks leave idle. Without
+``-n`` the group marker does nothing. A test here that calls ``run_on_ranks`` still works: that process starts
+workers of its own."""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The rank workers end with the session (an xdist worker leaves without running ``atexit``; its ranks would
+    otherwise wait out their process group on their own)."""
+    from keras_dtensor_mixfix.testing import shutdown_workers
+
+    shutdown_workers()
 
 
 @pytest.fixture(params=WORLD_SIZES, ids=str)
