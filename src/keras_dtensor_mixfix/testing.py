@@ -164,7 +164,13 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # several ranks share two cores
-    _join_group(port)
+    try:
+        _join_group(port)
+    except Exception as exc:
+        if rank == 0 and _port_taken(exc):  # the parent starts the ranks again on another port
+            results.put(("ready", rank, False, str(exc)))
+            return
+        raise
     results.put(("ready", rank, True, None))
     while True:
         try:
@@ -184,6 +190,11 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """Whether rank 0 could not listen on its store's port because another socket holds it (``EADDRINUSE``)."""
+    return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
 
 
 def _alive(pid: int) -> bool:
@@ -230,6 +241,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _PortTaken(Exception):
+    """Rank 0 found its store's port taken between the draw and its listen (another process's listener)."""
+
+
+_PORT_ATTEMPTS = 3
+
+
+def _start_pool(size: int, start_timeout: float) -> "_Pool":
+    """A started pool of ``size`` ranks: on a port taken before rank 0 listened, started again on another one."""
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        try:
+            return _Pool(size, start_timeout)
+        except _PortTaken as taken:
+            log.info("rank 0's port %s was taken before it listened (attempt %d of %d): %s", taken.args[0],
+                        attempt, _PORT_ATTEMPTS, taken.args[1])
+    raise WorkerStartError(f"rank 0 of {size} CPU ranks found its store's port taken {_PORT_ATTEMPTS} times in a row: "
+                           f"other programs listen on many of the ports below the ephemeral range it draws from; "
+                           f"stop them, or run again")
+
+
 class _Pool:
     def __init__(self, size: int, start_timeout: float) -> None:
         context = multiprocessing.get_context("spawn")
@@ -266,7 +297,7 @@ class _Pool:
         deadline = time.monotonic() + start_timeout
         while len(ready) < size:
             try:
-                _, r, _, _ = self.results.get(timeout=0.5)
+                _, r, joined, detail = self.results.get(timeout=0.5)
             except queue.Empty:
                 dead = [(r, p.exitcode) for r, p in enumerate(self.processes) if r not in ready and p.exitcode is not None]
                 if dead:
@@ -276,6 +307,9 @@ class _Pool:
                     self.close()
                     raise WorkerStartError(f"{size} CPU ranks did not start within {start_timeout}s") from None
                 continue
+            if not joined:
+                self.close()
+                raise _PortTaken(port, detail)
             ready.add(r)
 
     def healthy(self) -> bool:
@@ -377,7 +411,7 @@ def _run(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], 
         if pool is None or not pool.healthy():
             if pool is not None:
                 pool.close()
-            pool = _pools[world_size] = _Pool(world_size, start_timeout)
+            pool = _pools[world_size] = _start_pool(world_size, start_timeout)
             if not _exit_hook_registered:
                 # Registered after multiprocessing's own exit handler (atexit runs last-in first-out),
                 # which would otherwise wait forever for these non-daemon workers.

@@ -199,3 +199,27 @@ def test_the_store_port_is_drawn_below_the_ports_outgoing_connections_take(monke
     # where no range lies below the ephemeral one, a port the kernel gives
     monkeypatch.setattr(testing, "_ephemeral_ports", lambda: (1024, 60999))
     assert testing._free_port() > 0
+
+
+def store_port():
+    return int(os.environ["MASTER_PORT"])
+
+
+def test_ranks_whose_store_port_was_taken_before_rank_0_listened_start_again_on_another(monkeypatch):
+    import socket
+
+    from keras_dtensor_mixfix import testing
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:  # another program's listener on the port drawn
+        holder.bind((testing.LOOPBACK, 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        draws = iter([taken])
+        draw = testing._free_port
+        monkeypatch.setattr(testing, "_free_port", lambda: next(draws, None) or draw())
+        pool = testing._start_pool(2, start_timeout=120)
+        try:
+            ports = pool.run(store_port, (), {}, timeout=60)
+        finally:
+            pool.close()
+    assert ports[0] == ports[1] != taken
