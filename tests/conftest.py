@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
 OWN_PROCESSES = {"test_activation.py", "test_readme.py", "test_keras_plain_unchanged.py", "test_keras_gate.py",
                  "test_pending_rules.py", "test_pytest_plugin.py", "test_doc_links.py", "test_project_config.py",
                  "test_keras_repros.py", "test_testing_module.py", "test_devices.py",
-                 "test_errors_and_identity.py", "test_compose.py"}
+                 "test_errors_and_identity.py", "test_compose.py", "test_keras_hub_multinode.py"}
 """Test files outside ``unit/`` whose tests mostly start programs of their own (a fresh interpreter, torchrun,
 pytester) rather than run on the shared rank workers. Under ``pytest -n 2 --dist loadgroup`` (README's test command)
 every other test outside ``unit/`` is in one ``xdist_group``, so one pytest process holds the rank workers (2 and 4
