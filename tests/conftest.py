@@ -73,25 +73,11 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, marker))
         if not _in_folder(path, "unit"):
             item.add_marker(pytest.mark.ranks)
-        if not _in_folder(path, "unit") and os.path.basename(path) not in OWN_PROCESSES:
-            item.add_marker(pytest.mark.xdist_group("ranks"))
-
-
-OWN_PROCESSES = {"test_activation.py", "test_readme.py", "test_keras_plain_unchanged.py", "test_keras_gate.py",
-                 "test_pending_rules.py", "test_pytest_plugin.py", "test_doc_links.py", "test_project_config.py",
-                 "test_keras_repros.py", "test_testing_module.py", "test_devices.py",
-                 "test_errors_and_identity.py", "test_compose.py", "test_keras_hub_multinode.py"}
-"""Test files outside ``unit/`` whose tests mostly start programs of their own (a fresh interpreter, torchrun,
-pytester) rather than run on the shared rank workers. Under ``pytest -n 2 --dist loadgroup`` (README's test command)
-every other test outside ``unit/`` is in one ``xdist_group``, so one pytest process holds the rank workers (2 and 4
-of them, started once) while the other runs these and the unit layer, on the core the ranks leave idle. Without
-``-n`` the group marker does nothing. A test here that calls ``run_on_ranks`` still works: that process starts
-workers of its own."""
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The rank workers end with the session (an xdist worker leaves without running ``atexit``; its ranks would
-    otherwise wait out their process group on their own)."""
+    """The rank workers end with the session (under ``-n``, README's test command, a pytest-xdist worker leaves without
+    running ``atexit``; its ranks would otherwise wait out their process group on their own)."""
     from keras_dtensor_mixfix.testing import shutdown_workers
 
     shutdown_workers()

@@ -123,14 +123,3 @@ def test_no_test_folder_is_named_like_a_package_the_tests_import():
     assert "transformers" in imported and "keras" in imported  # the scan sees the imports it guards against
     assert sorted(folders & known) == []
 
-
-def test_the_files_run_beside_the_rank_workers_exist_and_the_readme_runs_the_suite_so():
-    """conftest's OWN_PROCESSES names test files (a renamed one would quietly join the rank workers' group), and the
-    README's test command is the one that splits the suite in two (without ``--dist loadgroup`` the groups mean
-    nothing, and two processes would each start rank workers)."""
-    import conftest
-
-    files = {path.name for path in (ROOT / "tests").rglob("test_*.py") if "unit" not in path.parts}
-    assert conftest.OWN_PROCESSES <= files, sorted(conftest.OWN_PROCESSES - files)
-    readme = (ROOT / "README.md").read_text()
-    assert "lint-imports && python -m pytest -n 2 --dist loadgroup\n" in readme
