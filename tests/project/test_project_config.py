@@ -122,4 +122,3 @@ def test_no_test_folder_is_named_like_a_package_the_tests_import():
     known = imported | set(sys.stdlib_module_names) | {"torch", "keras", "keras_hub", "transformers", "jax", "numpy"}
     assert "transformers" in imported and "keras" in imported  # the scan sees the imports it guards against
     assert sorted(folders & known) == []
-
