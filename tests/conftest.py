@@ -1,6 +1,7 @@
 """What every test shares: the environment, the markers, the world sizes and the patch state around each test."""
 
 import os
+import sys
 
 import pytest
 
@@ -77,10 +78,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     """The rank workers end with the session (under ``-n``, README's test command, a pytest-xdist worker leaves without
-    running ``atexit``; its ranks would otherwise wait out their process group on their own)."""
-    from keras_dtensor_mixfix.testing import shutdown_workers
-
-    shutdown_workers()
+    running ``atexit``; its ranks would otherwise wait out their process group on their own). A process that never
+    imported ``keras_dtensor_mixfix.testing`` started none (xdist's controller, ``-m unit``): nothing to import there."""
+    testing = sys.modules.get("keras_dtensor_mixfix.testing")
+    if testing is not None:
+        testing.shutdown_workers()
 
 
 @pytest.fixture(params=WORLD_SIZES, ids=str)

@@ -255,7 +255,7 @@ def _start_pool(size: int, start_timeout: float) -> "_Pool":
             return _Pool(size, start_timeout)
         except _PortTaken as taken:
             log.info("rank 0's port %s was taken before it listened (attempt %d of %d): %s", taken.args[0],
-                        attempt, _PORT_ATTEMPTS, taken.args[1])
+                     attempt, _PORT_ATTEMPTS, taken.args[1])
     raise WorkerStartError(f"rank 0 of {size} CPU ranks found its store's port taken {_PORT_ATTEMPTS} times in a row: "
                            f"other programs listen on many of the ports below the ephemeral range it draws from; "
                            f"stop them, or run again")
