@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -50,12 +52,46 @@ def test_import_torch_activates_lazily_without_importing_torch_distributed():
         import torch.distributed.tensor
         print("patched_after", mf.is_patched())
         print("state", _autoload.state)
+        print("compile_stack_imported", sorted({name for name in sys.modules
+                                                if name.startswith(("torch._dynamo", "torch._inductor"))}))
         """
     ))
     assert "dist_tensor_imported False" in out
     assert "state waiting for the first import of torch.distributed.tensor" in out
     assert "patched_before False" in out and "patched_after True" in out
     assert "state patched when torch.distributed.tensor was imported" in out
+    # as importing DTensor alone does: TorchDynamo and inductor wait for the program's first torch.compile
+    assert "compile_stack_imported []" in out
+
+
+def test_the_first_compilation_that_promotes_in_a_process_stays_out_of_the_compile_cache():
+    """The guard that keeps graphs traced with a promotion out of AOTAutograd's cache is put in place by the first
+    such compilation (the cache's module was not imported when auto-activation patched), before it saves."""
+    out = _ok(_python(WORLD_ONE + textwrap.dedent(
+        """
+        import json, sys
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        import keras_dtensor_mixfix as mf
+        before = "torch._functorch._aot_autograd.autograd_cache" in sys.modules
+        from torch._dynamo.utils import counters
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        original = vars(AOTAutogradCache)["save"]
+        mesh = init_device_mesh("cpu", (1,))
+        weight = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)]).requires_grad_()
+        step = torch.compile(lambda a, b: (a * b).sin().sum(), backend="inductor")
+        value = step(weight, torch.full((4, 4), 2.0))
+        value.backward()
+        guarded = vars(AOTAutogradCache)["save"] is not original
+        mf.unpatch()
+        print(json.dumps(dict(patched_without_the_cache_module=not before, guarded=guarded,
+                              restored=vars(AOTAutogradCache)["save"] is original, value=value.item(),
+                              counters=dict(counters["aot_autograd"]))))
+        """)))
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["patched_without_the_cache_module"] and found["guarded"] and found["restored"], found
+    assert abs(found["value"] - 16 * math.sin(2.0)) < 1e-5, found
+    assert found["counters"].get("autograd_cache_miss") == 1 and "autograd_cache_saved" not in found["counters"], found
 
 
 # Auto-activation on another torch: the version string the gate reads is replaced before `import torch`

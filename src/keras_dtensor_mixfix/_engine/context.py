@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Optional, Set
+from typing import Any, Callable, Optional, Set
 
 from .._rules.options import Options
 
@@ -80,6 +80,11 @@ class TracedPromotions:
         self._lock = threading.Lock()
         self._compile_ids: Set[Any] = set()
         self._traced = False
+        self._listener: Optional[Callable[[], None]] = None
+
+    def listen(self, listener: Optional[Callable[[], None]]) -> None:
+        """Have ``listener()`` called after each ``note()``, in the noting thread (None: no one); one listener."""
+        self._listener = listener
 
     def note(self) -> None:
         """Called when a promotion happens while torch.compile traces."""
@@ -90,6 +95,9 @@ class TracedPromotions:
             self._traced = True
             if compile_id is not None:
                 self._compile_ids.add(compile_id)
+        listener = self._listener
+        if listener is not None:
+            listener()
 
     @property
     def traced(self) -> bool:

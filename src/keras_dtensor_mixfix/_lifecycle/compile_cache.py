@@ -9,15 +9,20 @@ reset so those functions recompile under the new state (after ``unpatch()``: tor
 mixed-operand error again).
 
 The engine notes the compilations that promoted (``_engine.context.traced_promotions``); this
-module owns the ``save`` swap, through the package's one patch recorder.
+module owns the ``save`` swap, through the package's one patch recorder. The swap waits for the
+first compilation that promotes, unless torch.compile's cache module is already imported: importing
+it imports TorchDynamo and inductor (about a second, and hundreds of modules), which a process that
+never compiles a promotion does not pay for importing DTensor.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from .._engine.context import TracedPromotions, traced_promotions
-from .._torch.api import aot_autograd_cache, current_compile_id, reset_compiled_code, skipping_save
+from .._torch.api import (aot_autograd_cache, aot_autograd_cache_imported, current_compile_id, reset_compiled_code,
+                          skipping_save)
 from .recorder import PatchRecorder, current_value
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -29,21 +34,38 @@ class CompileCacheGuard:
     def __init__(self, traced: TracedPromotions) -> None:
         self._traced = traced
         self._patches = PatchRecorder()
+        self._lock = threading.Lock()
+        self._wanted = False
 
     def _skip(self) -> bool:
         return self._traced.promoted_in(current_compile_id())
 
     def install(self) -> None:
-        """Wrap ``AOTAutogradCache.save`` (once; nothing where torch has no such cache)."""
-        cache = aot_autograd_cache()
-        if cache is None or len(self._patches):
-            return
-        original = current_value(cache, "save")
-        self._patches.set(cache, "save", skipping_save(original, self._skip), label="AOTAutogradCache.save")
+        """Wrap ``AOTAutogradCache.save`` while patched (once; nothing where torch has no such cache): now if
+        torch.compile's cache module is imported, else when a compilation first traces a promotion (before it
+        can save its graph)."""
+        with self._lock:
+            self._wanted = True
+        self._traced.listen(self._wrap_save)
+        if aot_autograd_cache_imported():
+            self._wrap_save()
+
+    def _wrap_save(self) -> None:
+        with self._lock:
+            if not self._wanted or len(self._patches):
+                return
+            cache = aot_autograd_cache()
+            if cache is None:
+                return
+            original = current_value(cache, "save")
+            self._patches.set(cache, "save", skipping_save(original, self._skip), label="AOTAutogradCache.save")
 
     def uninstall(self) -> None:
         """Give ``AOTAutogradCache.save`` back exactly, if it is still ours (else warn and leave it)."""
-        self._patches.restore()
+        self._traced.listen(None)
+        with self._lock:
+            self._wanted = False
+            self._patches.restore()
 
     def invalidate(self, why: str) -> None:
         """Make functions compiled with a promotion recompile (only if any was compiled)."""

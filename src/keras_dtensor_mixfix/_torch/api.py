@@ -10,7 +10,9 @@ them is missing makes the caller fall back to doing nothing (torch's own path), 
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Tuple
 
 import torch
@@ -255,13 +257,21 @@ def current_compile_id() -> Any:
         return None
 
 
+_AOT_AUTOGRAD_CACHE_MODULE = "torch._functorch._aot_autograd.autograd_cache"
+
+
+def aot_autograd_cache_imported() -> bool:
+    """Whether torch.compile's AOTAutograd cache module is imported (importing it imports TorchDynamo and inductor)."""
+    return _AOT_AUTOGRAD_CACHE_MODULE in sys.modules
+
+
 def aot_autograd_cache() -> Optional[Any]:
     """torch.compile's on-disk graph cache class, ``AOTAutogradCache``, whose ``save`` is a staticmethod.
 
     None where it is missing or built differently (then there is no such cache to keep graphs out of).
     """
     try:
-        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        AOTAutogradCache = importlib.import_module(_AOT_AUTOGRAD_CACHE_MODULE).AOTAutogradCache
     except Exception:  # noqa: BLE001 - no such cache in this torch: nothing to keep graphs out of
         return None
     return AOTAutogradCache if isinstance(AOTAutogradCache.__dict__.get("save"), staticmethod) else None
