@@ -43,7 +43,6 @@ def doctor(out: TextIO = sys.stdout) -> int:
     from ._lifecycle import intercept as _intercept
     from ._lifecycle.patching import interceptor
     from ._rules import packs as _packs
-    from ._rules.registry import registry
 
     _write(out, f"keras_dtensor_mixfix {mf.__version__}")
     _write(out, f"python {sys.version.split()[0]}; torch {torch.__version__}; {_keras_version()}")
@@ -88,6 +87,14 @@ def doctor(out: TextIO = sys.stdout) -> int:
         extra = f": {record.error}" if record.error else f", {len(record.rules)} rule(s)"
         _write(out, f"  {record.name} [{record.status}] from {record.origin}{extra}")
 
+    _doctor_rules(out)
+    return 0 if self_check_ok and keras_ok else 1
+
+
+def _doctor_rules(out: TextIO) -> None:
+    """Every registered rule, newest last, with its source; a rule for an op no library has defined yet says so."""
+    from ._rules.registry import registry
+
     _write(out, "\nrules (newest last; the newest for an op wins)")
     registry.resolve_pending()
     entries = registry.entries()
@@ -96,7 +103,6 @@ def doctor(out: TextIO = sys.stdout) -> int:
     for entry in entries:
         pending = "  (pending: no such op is defined yet; applies once one is)" if entry.pending else ""
         _write(out, f"  {entry.op:45s} {_describe_rule(entry.rule):60s} from {entry.source}{pending}")
-    return 0 if self_check_ok and keras_ok else 1
 
 
 def _doctor_torch(out: TextIO) -> bool:

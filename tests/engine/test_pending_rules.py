@@ -195,11 +195,13 @@ def Shard0():  # noqa: N802 - reads like the placement it builds
 
 
 def test_doctor_lists_a_pending_rule_as_pending():
-    import subprocess
+    """doctor's rules section (the whole command runs in tests/lifecycle/test_activation.py)."""
+    import io
 
-    code = ("import io, keras_dtensor_mixfix as mf; from keras_dtensor_mixfix._cli import doctor\n"
-            "mf.register_rule('never_imported_mixfix_lib::fwd', 'replicate')\n"
-            "out = io.StringIO(); doctor(out); print(out.getvalue())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
-    line = next(line for line in out.splitlines() if "never_imported_mixfix_lib::fwd" in line)
+    from keras_dtensor_mixfix._cli import _doctor_rules
+
+    out = io.StringIO()
+    with mf.register_rule("never_imported_mixfix_lib::fwd", "replicate"):
+        _doctor_rules(out)
+    line = next(line for line in out.getvalue().splitlines() if "never_imported_mixfix_lib::fwd" in line)
     assert "'replicate'" in line and "from user  (pending: no such op is defined yet; applies once one is)" in line
