@@ -32,6 +32,12 @@ one_graph = pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason=(
     "on Keras 3.15 and 3.16"))
 """For a test that compiles Keras ops with ``fullgraph=True``."""
 
+compiles_whole = pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason=(
+    "Keras before 3.15 compiles op by op (minutes on 2 cores: repros/keras_ops_fullgraph.py); the code under test is "
+    "the same on every Keras and runs on 3.15 and later (CI: the keras_hub environment, Keras 3.15.1)"))
+"""For a compiled test whose code is the same on every Keras: where Keras' ops break the graph, each op compiles
+alone, which costs minutes and proves nothing more."""
+
 
 def feeds_own_shard():
     """Whether each process feeds its own shard of the batch (Keras 3.16's own data distribution, which refuses

@@ -22,23 +22,13 @@ import os
 import numpy as np
 import pytest
 
+from _keras_releases import OPS_TRACE_IN_ONE_GRAPH, compiles_whole
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 BLOCKS = 4
 WIDTH, HIDDEN = 8, 16
-
-
-def _keras_ops_trace_whole():
-    """Keras 3.15 and later: a Keras op traces in one graph (before, the graph breaks at every op, so a block compiles
-    into many small graphs: ``repros/keras_ops_fullgraph.py``)."""
-    import keras
-
-    return tuple(int(part) for part in keras.__version__.split(".")[:2]) >= (3, 15)
-
-
-KERAS_OPS_TRACE_WHOLE = _keras_ops_trace_whole()
 
 
 def _block_class():
@@ -261,7 +251,7 @@ def _assert_equal(got, want):
 
 # On Keras 3.15 and later only: before 3.15 TorchDynamo breaks the graph at every Keras op (so a block is no one
 # graph), and ranks compiling each small graph on 2 cores cost minutes; the Keras 3.16 environment runs both meshes
-@pytest.mark.skipif(not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
+@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
                                                       "one graph each (what this test counts) and 4 ranks take minutes; "
                                                       "this test runs on Keras 3.16")
 @pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
@@ -295,12 +285,7 @@ def test_the_whole_step_unit_equals_one_process():
 # The three tests below run the per-block compile with a block or the update refused (the same code on every Keras).
 # Before Keras 3.15 TorchDynamo breaks the graph at every Keras op, and compiling op by op costs minutes on 2 cores:
 # they run on 3.15 and later (CI: the keras_hub environment, Keras 3.15.1)
-_COMPILES_BLOCKS_WHOLE = pytest.mark.skipif(
-    not KERAS_OPS_TRACE_WHOLE, reason="Keras before 3.15 compiles op by op (minutes on 2 cores); the same code runs "
-                                      "on Keras 3.15 and later (CI: the keras_hub environment)")
-
-
-@_COMPILES_BLOCKS_WHOLE
+@compiles_whole
 def test_a_block_with_python_state_runs_eagerly_and_says_so():
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", True, world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"], counting=True)
@@ -310,7 +295,7 @@ def test_a_block_with_python_state_runs_eagerly_and_says_so():
         assert "'calls'" in out["warnings"][0] or "calls" in out["warnings"][0], out["warnings"]
 
 
-@_COMPILES_BLOCKS_WHOLE
+@compiles_whole
 def test_a_block_torch_cannot_compile_runs_eagerly_and_says_why():
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", False, True, world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"])
@@ -321,7 +306,7 @@ def test_a_block_torch_cannot_compile_runs_eagerly_and_says_why():
         assert "a refusal made by the test" in out["warnings"][0]
 
 
-@_COMPILES_BLOCKS_WHOLE
+@compiles_whole
 def test_an_optimizer_update_torch_cannot_compile_runs_eagerly_and_says_why():
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", False, "optimizer", world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"])

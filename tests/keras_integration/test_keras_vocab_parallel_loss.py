@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _keras_releases import compiles_whole
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 ROWS, LENGTH = 4, 6
@@ -189,6 +190,7 @@ def compiled_sharded_loss(logits, target, weights, mesh_shape, logits_placements
         torch._dynamo.reset()
 
 
+@compiles_whole
 @pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))])
 def test_compiled_step_reduces_over_the_class_pieces_without_gathering_them(world_size, mesh_shape):
     import torch
