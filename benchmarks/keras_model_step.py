@@ -564,7 +564,7 @@ def report(name: str, rows: Dict[str, Any]) -> None:
         print(f"- P10 {RANKS}-rank step (best of eager and both compiles) ÷ {against}: {ratio:.2f} (target ≤ {target}: "
               f"{verdict}); "
               f"eager ÷ {against} {eager / value:.2f}")
-    shared = ranked_jit.get("shared_blocks")
+    shared = ranked_jit.get("shared_blocks", warm.get("shared_blocks"))
     each_block = (f"each block once ({' and '.join(f'one for {n}' for n in shared)} blocks)" if shared
                   else "the whole step (no repeated block)")
     for label, row in ((each_block, ranked_jit), ("the whole step", whole_step), (f"{each_block}, warm start", warm)):

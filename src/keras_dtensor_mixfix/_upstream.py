@@ -144,6 +144,10 @@ DEFECTS: Tuple[Defect, ...] = (
     Defect("sdpa_cpu_sharding_search", "torch", "torch_sdpa_cpu_sharding_search.py", ((2, 13),), (),
            Workaround.DOCUMENTED, "docs/troubleshooting.md",
            "DTensor's first CPU scaled_dot_product_attention of split operands searches placements for minutes"),
+    Defect("fx_graph_cache_device_mesh_hash", "torch", "torch_fx_graph_cache_device_mesh_hash.py",
+           ((2, 12), (2, 13), (2, 14), (2, 15)), ((2, 11),), Workaround.DOCUMENTED, "docs/keras.md",
+           "inductor's FX graph cache key pickles a DeviceMesh graph input with its per-process hash: a compiled "
+           "graph that takes a mesh is never reused by the next launch"),
     Defect("gloo_exit_abort", "torch", "torch_gloo_exit_abort.py", ((2, 12), (2, 13), (2, 15)), (),
            Workaround.DOCUMENTED, "docs/troubleshooting.md",
            "a gloo program that finished correctly sometimes aborts at exit (a C++ thread still joinable)"),

@@ -43,6 +43,7 @@ import torch_embedding_mask_2d  # noqa: E402
 import torch_flip_no_strategy  # noqa: E402
 import torch_foreach_inplace_partial  # noqa: E402
 import torch_fused_sgd_dtensor  # noqa: E402
+import torch_fx_graph_cache_device_mesh_hash  # noqa: E402
 import torch_index_put_inplace  # noqa: E402
 import torch_index_put_split_self  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
@@ -136,6 +137,11 @@ def test_argmax_along_a_sharded_dim_under_torch_compile_fullgraph():
 def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
     _run_repro(torch_dynamo_compiles_dtensor_unflatten.repro, "AssertionError",
                "TorchDynamo compiled DTensor.__tensor_unflatten__ as a frame", world_size=2)
+
+
+@torch_bug(torch_fx_graph_cache_device_mesh_hash)
+def test_a_second_launch_reuses_a_compiled_graph_that_takes_a_device_mesh():
+    _run_repro(torch_fx_graph_cache_device_mesh_hash.repro, "AssertionError", "did not reuse", world_size=2)
 
 
 @torch_bug(torch_dtensor_one_hot_compiled)
