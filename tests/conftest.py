@@ -60,8 +60,8 @@ def pytest_configure(config):
                                        "(tests/transformers_tp/, the docs/transformers.md program); they skip "
                                        "without transformers (the `transformers` extra)")
     config.addinivalue_line("markers", "cuda: needs 2 CUDA GPUs and NCCL (skipped, saying so, where they are absent)")
-    config.addinivalue_line("markers", "slow: minutes per test (compiled keras_hub models); skipped unless "
-                                       "MIXFIX_TEST_SLOW=1")
+    config.addinivalue_line("markers", "slow(reason): minutes per test (compiled keras_hub models); skipped, giving "
+                                       "the reason, unless MIXFIX_TEST_SLOW=1")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -74,6 +74,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, marker))
         if not _in_folder(path, "unit"):
             item.add_marker(pytest.mark.ranks)
+        slow = item.get_closest_marker("slow")
+        if slow is not None and os.environ.get("MIXFIX_TEST_SLOW") != "1":
+            item.add_marker(pytest.mark.skip(reason=f"{slow.kwargs.get('reason', 'minutes per test')}: "
+                                                    "set MIXFIX_TEST_SLOW=1"))
 
 
 def pytest_sessionfinish(session, exitstatus):

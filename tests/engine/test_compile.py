@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,9 +68,8 @@ def compiled_forward_backward(world_size, backend):
 @pytest.mark.parametrize("world_size, backend", [
     (2, "aot_eager"), (2, "inductor"), (4, "aot_eager"),
     # the 2x2 mesh traces to the graph aot_eager checks above; inductor only lowers it (48 s of 4 ranks on 2 cores)
-    pytest.param(4, "inductor", marks=[pytest.mark.slow, pytest.mark.skipif(
-        os.environ.get("MIXFIX_TEST_SLOW") != "1",
-        reason="the 2x2 trace is aot_eager's case; inductor's lowering runs on 2 ranks: set MIXFIX_TEST_SLOW=1")]),
+    pytest.param(4, "inductor", marks=pytest.mark.slow(
+        reason="the 2x2 trace is aot_eager's case; inductor's lowering runs on 2 ranks")),
 ], ids=["2-aot_eager", "2-inductor", "4-aot_eager", "4-inductor"])
 def test_compiled_function_is_compiled_and_equal_to_eager(world_size, backend):
     results = run_on_ranks(compiled_forward_backward, world_size, backend, world_size=world_size, timeout=600)

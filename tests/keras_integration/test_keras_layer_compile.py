@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -271,9 +270,7 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
 
 # The whole-step unit (KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step, an opt-in) compiles the train, test and predict steps
 # whole: about 100 s more per Keras environment on 2 cores, so it runs by hand (CONTRIBUTING.md, "Tests")
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("MIXFIX_TEST_SLOW") != "1",
-                    reason="compiles whole steps (about 100 s on 2 cores): set MIXFIX_TEST_SLOW=1")
+@pytest.mark.slow(reason="compiles whole steps (about 100 s on 2 cores)")
 def test_the_whole_step_unit_equals_one_process():
     whole_step = run_on_ranks(compiled_run, (1, 2), "step", world_size=2, timeout=600)
     reference = _one_process(whole_step[0]["initial"])

@@ -14,7 +14,6 @@ compiles the step; the six cases: about 11 minutes on a 2-core machine). Skipped
 
 from __future__ import annotations
 
-import os
 import traceback
 
 import numpy as np
@@ -28,11 +27,7 @@ keras_hub = pytest.importorskip(
 
 from test_keras_hub import MODELS, _distribution  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("MIXFIX_TEST_SLOW") != "1",
-                       reason="minutes per model (TorchDynamo traces Keras' layers): set MIXFIX_TEST_SLOW=1"),
-]
+pytestmark = pytest.mark.slow(reason="minutes per model (TorchDynamo traces Keras' layers)")
 
 STEPS = 3
 
