@@ -59,6 +59,7 @@ class CompileCacheGuard:
                 return
             original = current_value(cache, "save")
             self._patches.set(cache, "save", skipping_save(original, self._skip), label="AOTAutogradCache.save")
+        self._traced.listen(None)  # wrapped until uninstall(): later promotions need not call back
 
     def uninstall(self) -> None:
         """Give ``AOTAutogradCache.save`` back exactly, if it is still ours (else warn and leave it)."""
