@@ -252,6 +252,14 @@ def layer_class() -> Any:
     return Layer
 
 
+def stateless_scope_class() -> Any:
+    """``keras.StatelessScope`` (public): variables read the values it maps them to, and their updates and the losses
+    added within it are collected instead of applied."""
+    import keras
+
+    return keras.StatelessScope
+
+
 def uninitialized_variables() -> List[Any]:
     """The variables made in a ``StatelessScope(initialize_variables=False)`` that the next scope to close with
     ``initialize_variables=True`` initializes (Keras keeps them in a global list)."""

@@ -16,7 +16,7 @@ made or assigned, a model's once per step).
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 from . import keras_modules
 
@@ -106,6 +106,27 @@ def sublayers(layer: Any) -> List[Any]:
 def layer_tree(layer: Any) -> List[Any]:
     """A layer and every layer inside it, in the order Keras tracks them (``_flatten_layers``)."""
     return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
+CHANGED_BY_A_CALL = frozenset({"_called", "_parent_path", "_losses", "_loss_ids"})
+"""What Keras sets on a layer at every call (``Layer.__call__``; ``add_loss``, whose losses the caller collects)."""
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def python_state(layer: Any) -> Dict[Tuple[int, str], Any]:
+    """Each layer of ``layer``'s tree: its plain attribute values and the lengths of its containers, by position and
+    attribute name, apart from what Keras itself sets at every call (:data:`CHANGED_BY_A_CALL`): compared before and
+    after a call, what the call changed of the layer's own Python state (a counter, a cache)."""
+    state: Dict[Tuple[int, str], Any] = {}
+    for index, sublayer in enumerate(layer_tree(layer)):
+        for key, value in vars(sublayer).items():
+            if key in CHANGED_BY_A_CALL:
+                continue
+            if isinstance(value, _PLAIN):
+                state[index, key] = value
+            elif isinstance(value, (list, dict, set)):
+                state[index, key] = ("length", len(value))
+    return state
 
 
 LAYOUT_MAP = "_layout_map"

@@ -1,0 +1,127 @@
+"""Which layers of a model are interchangeable blocks: one compiled ``call`` can run them all.
+
+Two layers are interchangeable when Keras' own description of them agrees, part by part:
+
+- the same class, and the same classes of sublayers in the same order;
+- the same ``get_config()`` for the layer and for every sublayer, their ``name`` aside (names differ between
+  instances and no call reads them for a value), and initializers aside (``build`` draws from them once; each
+  instance may carry its own seed);
+- trainable and non-trainable variables of the same shapes, dtypes, trainability and layouts (placements on the same
+  mesh), in the same order;
+- the same output layouts under the distribution's layout map.
+
+That is the contract Keras' saving and ``clone_model`` rely on: a layer is what its class, its configuration and its
+variables say. A layer that cannot say its configuration (``get_config`` raises) is in no group. State a call reads
+that a layer's configuration and variables do not carry (an attribute set after construction) is outside that
+contract: such a block is compiled with its template's state; ``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step`` compiles the
+whole step instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Tuple
+
+from ..boundary import keras_modules, keras_private
+
+log = logging.getLogger("keras_dtensor_mixfix")
+
+NOT_COMPARED = frozenset({"name"})
+"""Configuration keys that differ between interchangeable layers."""
+
+
+def repeated_groups(model: Any) -> List[List[Any]]:
+    """The outermost blocks of ``model`` (layers of layers with variables) that come in interchangeable groups of
+    two or more, each group in the order the layers are tracked; a layer in no group is searched for groups
+    inside it."""
+    found: List[List[Any]] = []
+    _collect(model, found)
+    return found
+
+
+def _collect(layer: Any, found: List[List[Any]]) -> None:
+    children = keras_private.sublayers(layer)
+    grouped: set = set()
+    for index, first in enumerate(children):
+        # a block: a layer of layers with variables (a Dense alone costs more to enter compiled than it saves)
+        if id(first) in grouped or not first.built or not any(c.variables for c in keras_private.sublayers(first)):
+            continue
+        members = [first]
+        for other in children[index + 1:]:
+            if id(other) not in grouped and type(other) is type(first) and other.built:
+                reason = difference(first, other)
+                if reason is None:
+                    members.append(other)
+                else:
+                    log.debug("keras_dtensor_mixfix: %s and %s are not compiled as one: %s", first.name,
+                              other.name, reason)
+        if len(members) > 1:
+            found.append(members)
+            grouped.update(id(m) for m in members)
+    for child in children:
+        if id(child) not in grouped:
+            _collect(child, found)
+
+
+def difference(first: Any, other: Any) -> Optional[str]:
+    """None when ``other`` is interchangeable with ``first`` (the module's contract); else the first part of their
+    descriptions that differs, in words."""
+    ours, theirs = keras_private.layer_tree(first), keras_private.layer_tree(other)
+    if len(ours) != len(theirs):
+        return f"{first.name} has {len(ours) - 1} sublayers, {other.name} {len(theirs) - 1}"
+    for x, y in zip(ours, theirs):
+        if type(x) is not type(y):
+            return f"{x.name} is a {type(x).__name__}, {y.name} a {type(y).__name__}"
+        x_config, y_config = comparable_config(x), comparable_config(y)
+        if x_config is None or y_config is None:
+            return f"{type(x).__name__} {x.name!r} cannot state its configuration (get_config raised)"
+        if x_config != y_config:
+            keys = sorted(k for k in set(x_config) | set(y_config) if x_config.get(k) != y_config.get(k))
+            return f"{type(x).__name__} {x.name!r}: configuration {', '.join(map(repr, keys))} differs"
+    for kind in ("trainable_variables", "non_trainable_variables"):
+        xs, ys = getattr(first, kind), getattr(other, kind)
+        if len(xs) != len(ys):
+            return f"{first.name} has {len(xs)} {kind}, {other.name} {len(ys)}"
+        for x, y in zip(xs, ys):
+            if variable_signature(x) != variable_signature(y):
+                return f"variable {x.path} is {variable_signature(x)}, {y.path} is {variable_signature(y)}"
+    for x, y in zip(ours[1:], theirs[1:]):
+        if _output_layout(x) != _output_layout(y):
+            return f"the layout map lays out {x.name}'s output and {y.name}'s differently"
+    return None
+
+
+def comparable_config(layer: Any) -> Optional[dict]:
+    """``layer.get_config()`` without what interchangeable layers may differ in (:data:`NOT_COMPARED`, serialized
+    initializers reduced to their class); None if the layer cannot say its configuration."""
+    try:
+        config = layer.get_config()
+    except Exception:  # noqa: BLE001 - NotImplementedError for a layer with no config; any failure: not comparable
+        return None
+    return {key: _without_initializer_details(value) for key, value in config.items() if key not in NOT_COMPARED}
+
+
+def _without_initializer_details(value: Any) -> Any:
+    if isinstance(value, dict):
+        if str(value.get("module", "")).startswith(("keras.initializers", "keras.src.initializers")):
+            return ("initializer", value.get("class_name"))
+        return {key: _without_initializer_details(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_initializer_details(item) for item in value)
+    return value
+
+
+def variable_signature(variable: Any) -> Tuple[Any, ...]:
+    """A variable's shape, dtype, trainability and layout (placements, and the mesh by identity)."""
+    value = variable.value
+    placements = tuple(getattr(value, "placements", ()))
+    mesh = getattr(value, "device_mesh", None)
+    return (tuple(variable.shape), str(variable.dtype), bool(variable.trainable), placements, id(mesh))
+
+
+def _output_layout(layer: Any) -> Any:
+    distribution = keras_modules.distribution()
+    if distribution is None or not hasattr(distribution, "get_tensor_layout"):
+        return None
+    layout = distribution.get_tensor_layout(f"{layer.path}/output")
+    return None if layout is None else tuple(layout.axes)
