@@ -135,14 +135,25 @@ def test_blocks_group_by_what_keras_says_of_them():
     assert "variable block" in block_groups.difference(first, wider) and "up/kernel" in block_groups.difference(
         first, wider)
 
-    class Unsaid(block):
+
+    class Unsaid(block):  # a layer that cannot state its configuration (as keras_hub's internal sublayers)
         def get_config(self):
             raise NotImplementedError("no configuration")
 
-    unsaid, other_unsaid = Unsaid(), Unsaid()
-    for layer in (unsaid, other_unsaid):
+    def unsaid(**kwargs):
+        layer = Unsaid(**kwargs)
         layer.build((None, WIDTH))
-    assert "cannot state its configuration" in block_groups.difference(unsaid, other_unsaid)
+        return layer
+
+    # described by what get_config would hold: its plain attributes and the functions it holds
+    assert block_groups.difference(unsaid(), unsaid()) is None
+    assert "Unsaid 'unsaid" in block_groups.difference(unsaid(), unsaid(scale=2.0))
+    assert "'scale' differs" in block_groups.difference(unsaid(), unsaid(scale=2.0))
+    calls_gelu = unsaid()
+    calls_gelu.activation = keras.activations.gelu
+    other = unsaid()
+    other.activation = keras.activations.relu
+    assert "'activation' differs" in block_groups.difference(calls_gelu, other)
 
 
 # --------------------------------------------------------------------------- compiled on ranks
@@ -167,11 +178,13 @@ def _distribution(mesh_shape):
     return distribution
 
 
-def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False):
+def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False, again=False):
     """On this rank: losses, evaluation, predictions and trained weights of 3 steps with ``jit_compile=True``
     under ``unit``; the graphs TorchDynamo made; the warnings; and a direct call's value (outside any step).
     ``refused``: torch.compile refuses the blocks (as TorchDynamo refuses code it cannot trace); ``"optimizer"``: it
-    refuses the optimizer's update. ``stateful``: each block updates statistics and adds a loss in a training call."""
+    refuses the optimizer's update. ``stateful``: each block updates statistics and adds a loss in a training call.
+    ``again``: then the same job compiled again from nothing in memory (``torch._dynamo.reset()``), as a second launch
+    compiles, with the ranks' on-disk cache entries of the first (under ``"again"``: its values and cache hits)."""
     import keras
     import torch
     from torch._dynamo.utils import counters
@@ -222,6 +235,17 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
                   "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING],
                   "replaced_calls": sum("call" in vars(layer) for layer in model.layers),
                   "optimizer_compiled": "apply" in vars(model.optimizer)}
+        if again:
+            torch._dynamo.reset()
+            counters.clear()
+            second = _model(counting, stateful=stateful)
+            second.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
+            second.set_weights(initial)
+            result["again"] = {"losses": [float(second.train_on_batch(x, y)) for _ in range(3)],
+                               "evaluated": float(second.evaluate(x, y, verbose=0)),
+                               "predicted": second.predict(x, verbose=0), "trained": second.get_weights(),
+                               "direct": keras.ops.convert_to_numpy(second(x)),
+                               "autograd_cache": dict(counters["aot_autograd"])}
     finally:
         layer_compile._Group.__init__, layer_compile._CompiledApply.__init__ = group_init, apply_init
         layer_compile.set_compile_unit(None)
@@ -273,10 +297,15 @@ def _assert_equal(got, want):
                                                       "this test runs on Keras 3.16")
 @pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
 def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
-    per_layer = run_on_ranks(compiled_run, mesh_shape, "layer", world_size=world_size, timeout=600)
+    """Also a second compile of the job from the ranks' on-disk caches (the rank workers' own directory), as a
+    second launch compiles: every rank loads its own AOTAutograd entries (on (2, 2) ranks 1 and 3 once loaded ranks
+    0 and 2's, whose collectives name groups they are not in) and gives the same values."""
+    per_layer = run_on_ranks(compiled_run, mesh_shape, "layer", again=True, world_size=world_size, timeout=600)
     reference = _one_process(per_layer[0]["initial"])
     for rank, out in enumerate(per_layer):
         _assert_equal(out, reference)
+        _assert_equal(out["again"], reference)
+        assert out["again"]["autograd_cache"].get("autograd_cache_hit", 0) >= 2, (rank, out["again"]["autograd_cache"])
         assert not out["warnings"], (rank, out["warnings"])
     assert per_layer[0]["graphs_after_direct"] == per_layer[0]["graphs"]
     # one block graph for training, one for evaluate and predict (no gradient): not one per block; one for the

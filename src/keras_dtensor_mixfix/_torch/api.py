@@ -25,7 +25,7 @@ __all__ = [
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
     "clear_sharding_cache", "dispatch_rule_for", "register_dispatch_rule", "shadow_register", "registration_handle",
     "is_traced", "current_compile_id",
-    "aot_autograd_cache", "skipping_save", "without_autograd_cache", "reset_compiled_code", "is_masked_partial",
+    "aot_autograd_cache", "skipping_save", "cache_key_tagged", "reset_compiled_code", "is_masked_partial",
     "is_exactly",
 ]
 
@@ -292,12 +292,14 @@ def skipping_save(original: Any, skip: Callable[[], bool]) -> Any:
     return staticmethod(save)
 
 
-def without_autograd_cache() -> Any:
-    """A context in which torch.compile neither loads nor saves AOTAutograd's on-disk cache entries
-    (``torch._functorch.config.enable_autograd_cache``, patched for the duration; process-wide while it lasts)."""
-    import torch._functorch.config as functorch_config
+def cache_key_tagged(tag: str) -> Any:
+    """A context in which torch.compile's on-disk cache keys (AOTAutograd's and inductor's FX graph cache, whose
+    hash details read ``torch.compiler.config.cache_key_tag``) carry ``tag`` after any tag the user set; patched for
+    the duration, process-wide while it lasts."""
+    import torch.compiler.config as compiler_config
 
-    return functorch_config.patch(enable_autograd_cache=False)
+    base = compiler_config.cache_key_tag
+    return compiler_config.patch(cache_key_tag=f"{base}|{tag}" if base else tag)
 
 
 def dynamo_error_classes() -> Tuple[type, ...]:

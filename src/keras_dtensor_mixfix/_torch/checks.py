@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from .checks_compile import (check_aot_autograd_cache, check_autograd_cache_switch, check_compile_id,
+from .checks_compile import (check_aot_autograd_cache, check_cache_key_tag, check_compile_id,
                              check_dynamo_reset, check_traced_tensors)
 from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, check_op_overload, check_op_schema,
                               check_register_goes_through_holder, check_registration_handle,
@@ -53,7 +53,7 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("traced_tensors", "torch._subclasses fake_tensor.is_fake, FunctionalTensor", check_traced_tensors),
     Check("compile_id", "torch._guards.CompileContext.current_compile_id", check_compile_id),
     Check("aot_autograd_cache", "AOTAutogradCache.save (staticmethod)", check_aot_autograd_cache),
-    Check("autograd_cache_switch", "torch._functorch.config.enable_autograd_cache", check_autograd_cache_switch),
+    Check("cache_key_tag", "torch.compiler.config.cache_key_tag", check_cache_key_tag),
     Check("dynamo_reset", "torch._dynamo.reset", check_dynamo_reset),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a torch where it fails)."""

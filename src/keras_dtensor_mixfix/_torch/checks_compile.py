@@ -1,5 +1,5 @@
 """The self-check's checks of the torch.compile internals: traced tensors, the compile id, AOTAutograd's
-cache and resetting compiled code.
+cache, the cache keys' tag and resetting compiled code.
 
 Each check gets a ``Probe`` (see ``probe``) and returns what it saw, or raises when torch does not
 behave as the package relies on; ``checks.CHECKS`` lists them in the order they run.
@@ -59,16 +59,25 @@ def check_aot_autograd_cache(probe: Probe) -> str:
     return "AOTAutogradCache.save, a staticmethod (key, entry, remote), wrapped by skipping_save and restored"
 
 
-def check_autograd_cache_switch(probe: Probe) -> str:
-    import torch._functorch.config as functorch_config
-    from torch._functorch._aot_autograd.autograd_cache import should_use_local_autograd_cache
+def check_cache_key_tag(probe: Probe) -> str:
+    import inspect
 
-    before = functorch_config.enable_autograd_cache
-    with api_module().without_autograd_cache():
-        require(functorch_config.enable_autograd_cache is False and not should_use_local_autograd_cache(),
-                "torch._functorch.config.enable_autograd_cache=False does not turn AOTAutograd's local cache off")
-    require(functorch_config.enable_autograd_cache == before, "the patch of enable_autograd_cache was not undone")
-    return "torch._functorch.config.enable_autograd_cache, patched off by without_autograd_cache and restored"
+    import torch.compiler.config as compiler_config
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCacheDetails
+    from torch._inductor.codecache import FxGraphHashDetails
+
+    require(issubclass(AOTAutogradCacheDetails, FxGraphHashDetails),
+            "AOTAutogradCacheDetails does not derive from inductor's FxGraphHashDetails")
+    require("cache_key_tag" in inspect.getsource(FxGraphHashDetails.__init__),
+            "FxGraphHashDetails does not read torch.compiler.config.cache_key_tag into the cache key")
+    before = compiler_config.cache_key_tag
+    with api_module().cache_key_tagged("mixfix-self-check"):
+        require(compiler_config.cache_key_tag.endswith("mixfix-self-check")
+                and compiler_config.cache_key_tag.startswith(before),
+                "cache_key_tagged does not add its tag to torch.compiler.config.cache_key_tag")
+    require(compiler_config.cache_key_tag == before, "the patch of torch.compiler.config.cache_key_tag was not undone")
+    return ("torch.compiler.config.cache_key_tag, read into AOTAutograd's and inductor's cache keys, patched by "
+            "cache_key_tagged and restored")
 
 
 def check_dynamo_reset(probe: Probe) -> str:

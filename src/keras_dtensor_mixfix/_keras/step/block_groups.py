@@ -3,23 +3,30 @@
 Two layers are interchangeable when Keras' own description of them agrees, part by part:
 
 - the same class, and the same classes of sublayers in the same order;
-- the same ``get_config()`` for the layer and for every sublayer, their ``name`` aside (names differ between
+- the same configuration for the layer and for every sublayer, their ``name`` aside (names differ between
   instances and no call reads them for a value), and initializers aside (``build`` draws from them once; each
   instance may carry its own seed);
 - trainable and non-trainable variables of the same shapes, dtypes, trainability and layouts (placements on the same
   mesh), in the same order;
 - the same output layouts under the distribution's layout map.
 
+A layer's configuration is its ``get_config()``. Many layers cannot state one: a model's internal sublayers, never
+saved on their own, made by their parent from its configuration (keras_hub's normalizations, attentions and expert
+layers raise ``NotImplementedError``), and layers whose ``get_config`` fails (keras_hub 0.32's
+``LlamaTransformerDecoder`` reads an attribute its ``__init__`` never sets). Such a layer's configuration is what
+``get_config`` would hold: its public attributes of plain values (numbers, strings, flags, ``None``, and lists and
+tuples of them), with the functions it holds compared by identity; its sublayers and variables are compared as above.
+
 That is the contract Keras' saving and ``clone_model`` rely on: a layer is what its class, its configuration and its
-variables say. A layer that cannot say its configuration (``get_config`` raises) is in no group. State a call reads
-that a layer's configuration and variables do not carry (an attribute set after construction) is outside that
-contract: such a block is compiled with its template's state; ``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step`` compiles the
-whole step instead.
+variables say. State a call reads that none of these carry (a tensor or object set as an attribute after
+construction) is outside that contract: such a block is compiled with its template's state;
+``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step`` compiles the whole step instead.
 """
 
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any, List, Optional, Tuple
 
 from ..boundary import keras_modules, keras_private
@@ -73,8 +80,6 @@ def difference(first: Any, other: Any) -> Optional[str]:
         if type(x) is not type(y):
             return f"{x.name} is a {type(x).__name__}, {y.name} a {type(y).__name__}"
         x_config, y_config = comparable_config(x), comparable_config(y)
-        if x_config is None or y_config is None:
-            return f"{type(x).__name__} {x.name!r} cannot state its configuration (get_config raised)"
         if x_config != y_config:
             keys = sorted(k for k in set(x_config) | set(y_config) if x_config.get(k) != y_config.get(k))
             return f"{type(x).__name__} {x.name!r}: configuration {', '.join(map(repr, keys))} differs"
@@ -91,14 +96,57 @@ def difference(first: Any, other: Any) -> Optional[str]:
     return None
 
 
-def comparable_config(layer: Any) -> Optional[dict]:
-    """``layer.get_config()`` without what interchangeable layers may differ in (:data:`NOT_COMPARED`, serialized
-    initializers reduced to their class); None if the layer cannot say its configuration."""
+def comparable_config(layer: Any) -> dict:
+    """``layer``'s configuration (the module's contract) without what interchangeable layers may differ in
+    (:data:`NOT_COMPARED`, serialized initializers reduced to their class)."""
     try:
         config = layer.get_config()
-    except Exception:  # noqa: BLE001 - NotImplementedError for a layer with no config; any failure: not comparable
-        return None
+    except Exception:  # noqa: BLE001 - NotImplementedError for a layer never saved alone; a failing get_config
+        config = _constructed_values(layer)
     return {key: _without_initializer_details(value) for key, value in config.items() if key not in NOT_COMPARED}
+
+
+def _constructed_values(layer: Any) -> dict:
+    """What ``get_config`` would hold for a layer that cannot state it: its public attributes of plain values; the
+    functions it holds (:func:`_function_identity`); and the
+    configuration of any other object that states one (a regularizer, a dtype policy). Sublayers and variables are
+    compared on their own; initializers are not (used by ``build`` only)."""
+    values: dict = {}
+    for key, value in vars(layer).items():
+        if key.startswith("_") or isinstance(value, _NOT_HERE()):
+            continue
+        if _plain(value):
+            values[key] = value
+        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+            values[key] = _function_identity(value, layer)
+        elif callable(getattr(value, "get_config", None)):
+            try:
+                values[key] = ("configured", type(value), value.get_config())
+            except Exception:  # noqa: BLE001 - an object that cannot say its configuration: known only by its type
+                values[key] = ("object", type(value))
+    return values
+
+
+def _function_identity(function: Any, layer: Any) -> Tuple[Any, ...]:
+    """A function by its code (Keras wraps each instance's ``build`` and ``quantize`` in a function of its own, of
+    one code), what it wraps, and for a method whether it is bound to the layer itself."""
+    if isinstance(function, types.MethodType):
+        return ("method", _function_identity(function.__func__, layer), "own" if function.__self__ is layer
+                else type(function.__self__))
+    wrapped = getattr(function, "__wrapped__", None)
+    return ("function", getattr(function, "__code__", function),
+            None if wrapped is None else _function_identity(wrapped, layer))
+
+
+def _NOT_HERE() -> Tuple[type, ...]:
+    """What :func:`_constructed_values` leaves to other parts of the description."""
+    return (keras_modules.layer_class(), keras_modules.base_variable_class(), keras_modules.initializer_class())
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(item) for item in value)
+    return isinstance(value, (type(None), bool, int, float, complex, str, bytes))
 
 
 def _without_initializer_details(value: Any) -> Any:

@@ -13,7 +13,7 @@ On Keras 3.12 to 3.15 the train step compiled is the fork of Keras' own in :mod:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Dict, List
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
@@ -118,21 +118,46 @@ def compiles_sharded_weights(trainer: Any) -> bool:
     return keras_modules.distribution() is not None or ddp.holds_dtensor_parameters(trainer)
 
 
-def outside_autograd_cache(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``step`` (compiled with sharded weights), run with AOTAutograd's on-disk cache off while it compiles.
+def keyed_by_rank(step: Callable[[Any], Any], trainer: Any) -> Callable[[Any], Any]:
+    """``step`` (compiled with sharded weights), run with torch.compile's on-disk cache keys tagged by this rank's
+    place in its meshes (:func:`rank_cache_key_tag`) while it compiles.
 
-    The ranks of a host share that cache, and its key did not tell their steps apart: on a (2, 2) mesh, on
-    Keras 3.12.4, ranks 1 and 3 loaded the step ranks 0 and 2 had saved, whose collectives name process groups
-    they are not in ("Could not resolve the process group registered under the name 1"), and the step failed
-    on those ranks and hung on the others (with ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` it ran); so did the steps of
-    the same model compiled again after ``set_distribution(None)``. Each rank compiles its own steps instead;
-    inductor's own cache, keyed by the compiled graph (group names included), stays on.
+    The ranks of a host share AOTAutograd's and inductor's on-disk caches, and their keys do not tell the ranks'
+    graphs apart: a ``DeviceMesh`` graph input is hashed as "the first opaque input", not by its process groups. On a
+    (2, 2) mesh, on Keras 3.12.4, ranks 1 and 3 loaded the step ranks 0 and 2 had saved, whose collectives name
+    process groups they are not in ("Could not resolve the process group registered under the name 1"), and the
+    step failed on those ranks and hung on the others. Tagged, each rank loads only what a rank in its place (the
+    same rank, world size, meshes and process-group names) compiled: its own entries of an earlier launch of the
+    job, so a second launch skips AOTAutograd and inductor. The compile-cache guard still keeps graphs that traced a
+    promotion out of AOTAutograd's cache.
     """
-    from ..._torch.api import without_autograd_cache  # imports torch: not at the package's import
+    from ..._torch.api import cache_key_tagged  # imports torch: not at the package's import
+
+    tag: List[str] = []
 
     @functools.wraps(step)
-    def uncached(data: Any) -> Any:
-        with without_autograd_cache():
+    def tagged(data: Any) -> Any:
+        if not tag:
+            tag.append(rank_cache_key_tag(trainer))
+        with cache_key_tagged(tag[0]):
             return step(data)
 
-    return uncached
+    return tagged
+
+
+def rank_cache_key_tag(trainer: Any) -> str:
+    """This rank, the world size, and each mesh the trainer's variables are laid out on: its devices, dim names and
+    the name of this rank's process group along each dim (the names a compiled collective resolves)."""
+    import torch.distributed as dist
+
+    meshes: Dict[int, Any] = {}
+    for variable in trainer.variables:
+        mesh = getattr(variable.value, "device_mesh", None)
+        if mesh is not None:
+            meshes.setdefault(id(mesh), mesh)
+    parts = ([f"rank {dist.get_rank()} of {dist.get_world_size()}"] if dist.is_available() and dist.is_initialized()
+             else [])
+    for mesh in meshes.values():
+        groups = [mesh.get_group(dim).group_name for dim in range(mesh.ndim)]
+        parts.append(f"mesh {mesh.mesh.tolist()} {mesh.mesh_dim_names} groups {groups}")
+    return "keras_dtensor_mixfix: " + "; ".join(parts)

@@ -60,7 +60,7 @@ def _wrapped_make(original_make: Callable[..., Any], attribute: str) -> Callable
         if per_layer:
             inner = layer_compile.compiling_layers_in(inner)
         if compile_step.compiles_sharded_weights(self):
-            inner = compile_step.outside_autograd_cache(inner)
+            inner = compile_step.keyed_by_rank(inner, self)
 
         def step(data: Any) -> Any:
             if keras_modules.distribution() is not None:
