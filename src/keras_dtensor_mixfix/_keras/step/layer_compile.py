@@ -3,9 +3,10 @@
 An LLM's decoder blocks are N instances of one layer with one configuration. Compiling the whole step
 makes TorchDynamo trace Keras' Python through every block and inductor compile each again. Here the step
 runs as Keras runs it eagerly, and each group of interchangeable layers (:mod:`.block_groups`) is compiled
-once: the group's *template* (the first member called) has its ``stateless_call`` compiled, and every member's
-``call`` runs that one compiled function with the member's variables as its inputs (Keras' own pattern for running
-a layer on other variable values). The compiled code sees the same template object every time, so its guards
+once: the class's ``call`` of the group's *template* (the first member called) is compiled as a stateless call
+(within a ``keras.StatelessScope`` over the template's variables, as ``Layer.stateless_call`` runs it), and every
+member's ``call`` runs that one compiled function with the member's variables as its inputs (Keras' own pattern for
+running a layer on other variable values). The compiled code sees the same template object every time, so its guards
 (layer names, paths, configuration) hold and nothing recompiles; the member's tensors are the graph's inputs, so
 values and gradients are the member's; what the call updates (seed states, statistics) is assigned to the member's
 variables and the losses it adds are added to the member, as its own call would. Inside the compiled region
@@ -149,8 +150,8 @@ class _Group:
         self.state_checked = False  # whether the template's first compiled call left its Python state as it was
 
     def call(self, member: Any, *args: Any, **kwargs: Any) -> Any:
-        """``member``'s ``call``: through the compiled template within a compiled step, else its class's (also
-        the template's own, traced inside the compiled function)."""
+        """``member``'s ``call``: through the compiled template within a compiled step, else its class's (while
+        Keras builds or infers shapes, outside the steps, and inside a function torch is compiling)."""
         if (_compiling() or self.eager_reason is not None or not getattr(_active, "on", False)
                 or not _real_tensors(args, kwargs)):
             return self.original(member, *args, **kwargs)
