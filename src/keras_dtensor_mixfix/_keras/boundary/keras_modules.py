@@ -61,6 +61,9 @@ name here                                   3.15.1 / 3.16
 :func:`random_initializer_class`            ``keras.src.initializers.random_initializers.RandomInitializer``
                                             (its ``seed``: an int unless a ``SeedGenerator`` was given), same in
                                             both
+:func:`stateless_scope_class`               ``keras.StatelessScope`` (public), same in both
+:func:`is_serialized_initializer`           whether a ``get_config()`` value is a serialized initializer (its
+                                            ``module``: ``keras.initializers`` or ``keras.src.initializers``)
 :data:`INSTALL_TRIGGERS`                    the modules above whose loading means Keras is being imported
 ==========================================  ==================================================================
 """
@@ -351,6 +354,13 @@ def seed_generator_class() -> Any:
 
 INITIALIZERS_PACKAGE = "keras.src.initializers."
 """Where Keras' own initializers are defined (a class defined elsewhere is a user's, which may draw as it likes)."""
+
+
+def is_serialized_initializer(value: Any) -> bool:
+    """Whether ``value`` (from a ``get_config()``) is a serialized Keras initializer (its ``module``: Keras'
+    public ``keras.initializers`` or the package that defines them)."""
+    module = str(value.get("module", "")) if isinstance(value, dict) else ""
+    return module.startswith(("keras.initializers", INITIALIZERS_PACKAGE.rstrip(".")))
 
 
 def random_initializer_class() -> Any:

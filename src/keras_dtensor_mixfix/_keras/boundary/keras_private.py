@@ -25,7 +25,7 @@ __all__ = [
     "VARIABLE_INITIALIZE_DISTRIBUTED", "TRAINER_USE_TORCH_COMPILE", "TRAINER_INITIALIZE_DDP", "RMS_NORMALIZATION",
     "variable_storage", "set_variable_storage", "variable_layout", "set_variable_layout", "variable_shape",
     "set_variable_shape", "variable_dtype", "validated_shape", "convert_for_variable",
-    "sublayers", "layer_tree", "traceback_excluded_paths", "rms_normalization_function", "ddp_initializer",
+    "sublayers", "layer_tree", "CHANGED_BY_A_CALL", "python_state", "traceback_excluded_paths", "rms_normalization_function", "ddp_initializer",
     "dtensor_promotion_mode", "TRACEBACK_EXCLUDED_PATHS", "LAYOUT_MAP", "layout_map_of", "IS_MULTI_PROCESS", "is_multi_process",
     "h5_entry_group", "open_h5_entry_group",
 ]
@@ -110,19 +110,19 @@ def layer_tree(layer: Any) -> List[Any]:
 
 CHANGED_BY_A_CALL = frozenset({"_called", "_parent_path", "_losses", "_loss_ids"})
 """What Keras sets on a layer at every call (``Layer.__call__``; ``add_loss``, whose losses the caller collects)."""
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
 def python_state(layer: Any) -> Dict[Tuple[int, str], Any]:
     """Each layer of ``layer``'s tree: its plain attribute values and the lengths of its containers, by position and
     attribute name, apart from what Keras itself sets at every call (:data:`CHANGED_BY_A_CALL`): compared before and
     after a call, what the call changed of the layer's own Python state (a counter, a cache)."""
+    plain = (type(None), bool, int, float, complex, str, bytes)
     state: Dict[Tuple[int, str], Any] = {}
     for index, sublayer in enumerate(layer_tree(layer)):
         for key, value in vars(sublayer).items():
             if key in CHANGED_BY_A_CALL:
                 continue
-            if isinstance(value, _PLAIN):
+            if isinstance(value, plain):
                 state[index, key] = value
             elif isinstance(value, (list, dict, set)):
                 state[index, key] = ("length", len(value))

@@ -252,14 +252,48 @@ def check_layer_compile() -> str:
             raise ValueError("a Variable does not read the tensor set as its _value")
     finally:
         keras_private.set_variable_storage(kernel, stored)
+    before = keras_private.python_state(outer)
+    outer(keras.ops.ones((2, 1)))
+    changed = sorted({key for key in set(before) | set(keras_private.python_state(outer))
+                      if before.get(key) != keras_private.python_state(outer).get(key)})
+    if changed:
+        raise ValueError(f"a call sets {changed} beyond keras_private.CHANGED_BY_A_CALL")
     layer = Doubling()
     object.__setattr__(layer, "call", lambda x: 3 * x)  # what layer_compile does to a member of a group
     if float(layer(keras.ops.ones(()))) != 3.0:
         raise ValueError("Layer.__call__ does not call the call found on the instance")
-    _require(keras_modules.seed_generator_class(), ("next",), "SeedGenerator")
+    _check_stateless_scope(outer.layers[0])
     _require(keras_modules.initializer_class(), ("__call__", "get_config"), "Initializer")
-    return ("_flatten_layers(include_self, recursive); a Variable reads the _value set on it; Layer.__call__ calls "
-            "the instance's call; SeedGenerator (state, next); Initializer")
+    return ("_flatten_layers(include_self, recursive); a Variable reads the _value set on it; a call changes "
+            "nothing of a layer's Python state but CHANGED_BY_A_CALL; Layer.__call__ calls the instance's call; "
+            "StatelessScope (a Variable reads the value mapped to it, an assign goes to add_update, add_loss to its "
+            "losses); Initializer")
+
+
+def _check_stateless_scope(dense: Any) -> None:
+    import keras
+
+    scope_class = keras_modules.stateless_scope_class()
+    _require(scope_class, ("add_update", "get_current_value", "add_loss"), "StatelessScope")
+    kernel, bias = dense.kernel, dense.bias
+    updates = []
+
+    class Recording(scope_class):  # type: ignore[misc, valid-type]
+        def add_update(self, update: Any) -> None:
+            updates.append(update[0])
+            super().add_update(update)
+
+    zeros = keras.ops.zeros(kernel.shape)
+    with Recording(state_mapping=[(kernel, zeros), (bias, keras.ops.zeros(bias.shape))],
+                   collect_losses=True) as scope:
+        if float(keras.ops.sum(dense(keras.ops.ones((1, 1))))) != 0.0:
+            raise ValueError("a Variable in a StatelessScope does not read the value mapped to it")
+        bias.assign(keras.ops.ones(bias.shape))
+        dense.add_loss(keras.ops.ones(()))
+        if updates != [bias] or float(keras.ops.sum(scope.get_current_value(bias))) != float(bias.shape[0]):
+            raise ValueError("an assign in a StatelessScope does not go to its add_update")
+        if len(scope.losses) != 1:
+            raise ValueError("add_loss in a StatelessScope(collect_losses=True) does not go to its losses")
 
 
 def check_data_and_saving() -> str:

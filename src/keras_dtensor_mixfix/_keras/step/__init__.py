@@ -7,6 +7,7 @@
 - :mod:`.forked_train_step`: Keras 3.12 to 3.15's train step, forked to compile under a distribution (those
   releases only);
 - :mod:`.layer_compile`: each distinct repeated block compiled once, shared by every block like it;
+- :mod:`.block_groups`: which blocks are alike (what Keras says of them: class, configuration, variables, layouts);
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out like their
   parameters;
 - :mod:`.ddp`: models with DTensor weights kept out of Keras 3.16's ``DistributedDataParallel`` wrap;

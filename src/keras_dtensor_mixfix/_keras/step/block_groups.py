@@ -151,7 +151,7 @@ def _plain(value: Any) -> bool:
 
 def _without_initializer_details(value: Any) -> Any:
     if isinstance(value, dict):
-        if str(value.get("module", "")).startswith(("keras.initializers", "keras.src.initializers")):
+        if keras_modules.is_serialized_initializer(value):
             return ("initializer", value.get("class_name"))
         return {key: _without_initializer_details(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
