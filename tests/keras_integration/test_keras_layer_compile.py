@@ -1,16 +1,19 @@
 """``jit_compile=True`` under a distribution compiles each distinct repeated block once (``_keras/step/layer_compile.py``).
 
-Which layers are interchangeable is decided from the objects (tested in one process, no ranks): identical blocks
-group, a block that differs in anything a call could read (an attribute, a configuration, a tensor it holds) does
-not, leaf layers (a Dense alone) are not compiled on their own, per-instance initializer seeds do not count.
+Which layers are interchangeable is decided from what Keras says of them (``_keras/step/block_groups.py``; tested in
+one process, no ranks): identical blocks group; a block whose configuration, a sublayer's configuration, its
+variables or, for a layer that cannot state a configuration, its plain attributes or functions differ does not; leaf
+layers (a Dense alone) are not compiled on their own; names and initializer seeds do not count.
 
 On real ranks, (1, 2) and (2, 2) meshes: a model of four identical tensor-parallel blocks (column- then row-split
 Dense pairs) trains, evaluates and predicts with ``jit_compile=True`` to one process's values, compiling one graph
-per step kind for all four blocks (nothing recompiles per block); the whole-step compile
-(``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``) on (1, 2) to one process's values too (``MIXFIX_TEST_SLOW=1``: by hand). A block that changes its own Python state in a call runs eagerly,
-with one warning, and still gives one process's values; so does a block torch.compile refuses, the warning giving
-torch's reason. Outside the steps (a direct call), the blocks run as
-Keras runs them; ``uninstall()`` gives every block its class's ``call`` back.
+per step kind for all four blocks (nothing recompiles per block), and compiled again from the ranks' on-disk caches
+(as a second launch) loads each rank's own entries, to the same values. Blocks that update a running statistic and
+add a loss in a training call give one process's trained weights and losses. The whole-step compile
+(``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``) on (1, 2) gives one process's values too (``MIXFIX_TEST_SLOW=1``: by
+hand). A block that changes its own Python state in a call runs eagerly, with one warning, and still gives one
+process's values; so does a block torch.compile refuses, the warning giving torch's reason. Outside the steps (a
+direct call), the blocks run as Keras runs them; ``uninstall()`` gives every block its class's ``call`` back.
 """
 
 from __future__ import annotations
