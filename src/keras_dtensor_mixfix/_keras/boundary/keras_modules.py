@@ -345,13 +345,6 @@ def initializer_class() -> Any:
     return Initializer
 
 
-def seed_generator_class() -> Any:
-    """Keras' ``SeedGenerator`` (``keras.src.random.seed_generator``; its ``state`` is a variable), same in both."""
-    from keras.src.random.seed_generator import SeedGenerator
-
-    return SeedGenerator
-
-
 INITIALIZERS_PACKAGE = "keras.src.initializers."
 """Where Keras' own initializers are defined (a class defined elsewhere is a user's, which may draw as it likes)."""
 

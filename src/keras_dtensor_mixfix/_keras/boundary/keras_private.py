@@ -25,7 +25,8 @@ __all__ = [
     "VARIABLE_INITIALIZE_DISTRIBUTED", "TRAINER_USE_TORCH_COMPILE", "TRAINER_INITIALIZE_DDP", "RMS_NORMALIZATION",
     "variable_storage", "set_variable_storage", "variable_layout", "set_variable_layout", "variable_shape",
     "set_variable_shape", "variable_dtype", "validated_shape", "convert_for_variable",
-    "sublayers", "layer_tree", "CHANGED_BY_A_CALL", "python_state", "traceback_excluded_paths", "rms_normalization_function", "ddp_initializer",
+    "sublayers", "layer_tree", "CHANGED_BY_A_CALL", "python_state",
+    "python_state_changes", "traceback_excluded_paths", "rms_normalization_function", "ddp_initializer",
     "dtensor_promotion_mode", "TRACEBACK_EXCLUDED_PATHS", "LAYOUT_MAP", "layout_map_of", "IS_MULTI_PROCESS", "is_multi_process",
     "h5_entry_group", "open_h5_entry_group",
 ]
@@ -127,6 +128,15 @@ def python_state(layer: Any) -> Dict[Tuple[int, str], Any]:
             elif isinstance(value, (list, dict, set)):
                 state[index, key] = ("length", len(value))
     return state
+
+
+def python_state_changes(before: Dict[Tuple[int, str], Any], layer: Any) -> List[str]:
+    """The attribute names whose :func:`python_state` entries ``layer`` no longer has as in ``before`` (changed,
+    added or gone), sorted."""
+    after = python_state(layer)
+    return sorted({key for _, key in set(before) ^ set(after)}
+                  | {key for (index, key), value in before.items() if (index, key) in after
+                     and after[index, key] != value})
 
 
 LAYOUT_MAP = "_layout_map"

@@ -254,8 +254,7 @@ def check_layer_compile() -> str:
         keras_private.set_variable_storage(kernel, stored)
     before = keras_private.python_state(outer)
     outer(keras.ops.ones((2, 1)))
-    changed = sorted({key for key in set(before) | set(keras_private.python_state(outer))
-                      if before.get(key) != keras_private.python_state(outer).get(key)})
+    changed = keras_private.python_state_changes(before, outer)
     if changed:
         raise ValueError(f"a call sets {changed} beyond keras_private.CHANGED_BY_A_CALL")
     layer = Doubling()

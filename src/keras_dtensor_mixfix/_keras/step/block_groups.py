@@ -15,7 +15,8 @@ saved on their own, made by their parent from its configuration (keras_hub's nor
 layers raise ``NotImplementedError``), and layers whose ``get_config`` fails (keras_hub 0.32's
 ``LlamaTransformerDecoder`` reads an attribute its ``__init__`` never sets). Such a layer's configuration is what
 ``get_config`` would hold: its public attributes of plain values (numbers, strings, flags, ``None``, and lists and
-tuples of them), with the functions it holds compared by identity; its sublayers and variables are compared as above.
+tuples of them), the functions it holds by their code, and the configuration of any object it holds that states
+one; its sublayers and variables are compared as above.
 
 That is the contract Keras' saving and ``clone_model`` rely on: a layer is what its class, its configuration and its
 variables say. State a call reads that none of these carry (a tensor or object set as an attribute after

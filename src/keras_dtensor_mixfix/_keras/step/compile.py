@@ -128,8 +128,9 @@ def keyed_by_rank(step: Callable[[Any], Any], trainer: Any) -> Callable[[Any], A
     process groups they are not in ("Could not resolve the process group registered under the name 1"), and the
     step failed on those ranks and hung on the others. Tagged, each rank loads only what a rank in its place (the
     same rank, world size, meshes and process-group names) compiled: its own entries of an earlier launch of the
-    job, so a second launch skips AOTAutograd and inductor. The compile-cache guard still keeps graphs that traced a
-    promotion out of AOTAutograd's cache.
+    job, so a second launch loads the graphs AOTAutograd could cache instead of compiling them again (not those
+    that hold an autograd Function, such as the partial-sum boundary of :mod:`.reductions`, nor those the
+    compile-cache guard kept out because they traced a promotion).
     """
     from ..._torch.api import cache_key_tagged  # imports torch: not at the package's import
 

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..._rules import env
@@ -168,7 +168,7 @@ class _Group:
         result = self._compiled_call(member, args, kwargs)
         self.state_checked = True
         if self.eager_reason is None:
-            changed = _changed(before, keras_private.python_state(self.template))
+            changed = keras_private.python_state_changes(before, self.template)
             if changed:
                 self._eager(f"its call changes {changed}, so its members cannot share one compiled call")
         return result
@@ -261,12 +261,6 @@ def _compiling() -> bool:
     import torch
 
     return torch.compiler.is_compiling()
-
-
-def _changed(before: Dict[Tuple[int, str], Any], after: Dict[Tuple[int, str], Any]) -> List[str]:
-    return sorted({key for _, key in set(before) ^ set(after)}
-                  | {key for (index, key), value in before.items() if (index, key) in after
-                     and after[index, key] != value})
 
 
 class _CompiledApply:
