@@ -311,14 +311,17 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
     for rank, out in enumerate(per_layer):
         _assert_equal(out, reference)
         _assert_equal(out["again"], reference)
-        saved = out["autograd_cache"].get("autograd_cache_saved", 0)
-        assert out["again"]["autograd_cache"].get("autograd_cache_hit", 0) == saved, (rank, out["autograd_cache"],
-                                                                                     out["again"]["autograd_cache"])
-        # Keras 3.12 to 3.15: the block's graph and the update's are saved and loaded. Keras 3.16 (seen on 3.16.0.dev):
-        # its first compile saves none (one bypass; two misses not saved, as the compile-cache guard leaves graphs
-        # that traced a promotion), so there is nothing to load
+        # what the first compile put in the cache or found there (an earlier test in these rank workers may have
+        # saved a graph this one loads): the second compile loads every one of them
+        first = out["autograd_cache"]
+        cached = first.get("autograd_cache_saved", 0) + first.get("autograd_cache_hit", 0)
+        assert out["again"]["autograd_cache"].get("autograd_cache_hit", 0) == cached, (rank, first,
+                                                                                      out["again"]["autograd_cache"])
+        # Keras 3.12 to 3.15: at least two of the step's graphs are cached (the others bypass AOTAutograd's cache).
+        # Keras 3.16 (seen on 3.16.0.dev): its first compile caches none (one bypass; two misses not saved, as the
+        # compile-cache guard leaves graphs that traced a promotion), so there is nothing to load
         if not keras_modules.native_promotion_mode():
-            assert saved >= 2, (rank, out["autograd_cache"])
+            assert cached >= 2, (rank, first)
         assert not out["warnings"], (rank, out["warnings"])
     assert per_layer[0]["graphs_after_direct"] == per_layer[0]["graphs"]
     # one block graph for training, one for evaluate and predict (no gradient): not one per block; one for the
