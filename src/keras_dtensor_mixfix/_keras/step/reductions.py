@@ -35,15 +35,9 @@ from ..boundary import keras_modules, keras_private
 from ..boundary.overrides import Kind, Override
 
 
-_boundary: Any = None  # the autograd Function, made at install (torch is imported lazily here)
-
-
 def _settling_partial_sums(patches: PatchRecorder) -> None:
-    global _boundary
-
     Layer = keras_modules.layer_class()
     tree = keras_modules.tree()  # bound here: the wrapper below runs inside compiled steps
-    _boundary = _boundary_function()
     original_call = Layer.__call__
 
     @functools.wraps(original_call)
@@ -157,8 +151,7 @@ def settle_partial_sums(value: Any) -> Any:
     if not (value.requires_grad and torch.is_grad_enabled()):
         return _reduced(value)
     if torch.compiler.is_compiling():
-        # traced into the graph: a Function (a tensor hook on an intermediate would break the graph)
-        return _boundary.apply(value)
+        return _settled_in_graph(value)
     if getattr(value, _SETTLED, False):  # a nested layer's output, settled already
         return value
     # Eager: DTensor's own differentiable reduction (its backward keeps a whole gradient whole) and a
@@ -194,21 +187,15 @@ def _reduced(value: Any) -> Any:
     return value.redistribute(value.device_mesh, wanted)
 
 
-def _boundary_function() -> Any:
-    import torch
+def _settled_in_graph(value: Any) -> Any:
+    """``value`` reduced, then rewrapped by ``DTensor.from_local`` on its own layout: the form traced into a compiled
+    graph. A tensor hook on an intermediate would break the graph; ``from_local``'s backward lays the gradient out like
+    its forward placements, which hold no ``Partial`` here, so a partial-sum gradient is reduced. Built from DTensor's
+    own traceable functions, with no autograd Function of ours, the graph stays one AOTAutograd's on-disk cache keeps
+    (it bypasses graphs that hold a custom autograd Function). In forward the value is the same tensor's local shard,
+    a view, as an eager settled output that needed no reduction is the layer's output itself."""
+    from torch.distributed.tensor import DTensor
 
-    class LayerOutputBoundary(torch.autograd.Function):
-        """Identity on values; ``Partial`` reduced in forward (the output) and backward (its gradient).
-        Used while compiling, where it is traced into the graph."""
-
-        @staticmethod
-        def forward(ctx: Any, value: Any) -> Any:
-            reduced = _reduced(value)
-            # a copy, not a view: a view returned by a Function may not be modified in place
-            return reduced.clone() if reduced is value else reduced
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            return _reduced_gradient(grad)
-
-    return LayerOutputBoundary
+    reduced = _reduced(value)
+    return DTensor.from_local(reduced.to_local(), reduced.device_mesh, reduced.placements, run_check=False,
+                              shape=reduced.shape, stride=reduced.stride())
