@@ -8,8 +8,9 @@ compiles it again: a second launch of a job on the same machine does not reuse t
 keras_hub Gemma, 2 ranks: every block graph missed, BENCHMARKS.md "warm starts").
 
 Seen on torch 2.12.1, 2.13.0, 2.14.1 and 2.15.0; on 2.11.0 the second launch reuses the graph. No
-keras_dtensor_mixfix involved (it is turned off in the launches). The package has no workaround: with AOTAutograd's
-cache off for sharded Keras steps (docs/keras.md), it is why a warm start compiles every graph again.
+keras_dtensor_mixfix involved (it is turned off in the launches). The package's workaround, inside compiled Keras
+steps only: the cache key's pickler is given a reduction of ``DeviceMesh`` by its device type, ranks, dim names and
+process-group names (``_torch/api.py device_meshes_keyed_by_groups``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_fx_graph_cache_device_mesh_hash.py`` (exits 1
 while the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure.

@@ -42,6 +42,9 @@ class Workaround(enum.Enum):
     """A Keras op computed another way (``_keras/ops/``, ``_keras/step/``)."""
     RELEASE_FORK = "release fork"
     """A copy of an upstream function for the releases that need it (``_keras/step/forked_train_step.py``)."""
+    COMPILE_CACHE_KEY = "compile cache key"
+    """What a compiled Keras step puts in torch.compile's cache keys while it compiles (``_keras/step/compile.py``,
+    through ``_torch/api.py``)."""
     DOCUMENTED = "documented"
     """Nothing the package can change: the error or limit is named in the documentation."""
 
@@ -145,9 +148,14 @@ DEFECTS: Tuple[Defect, ...] = (
            Workaround.DOCUMENTED, "docs/troubleshooting.md",
            "DTensor's first CPU scaled_dot_product_attention of split operands searches placements for minutes"),
     Defect("fx_graph_cache_device_mesh_hash", "torch", "torch_fx_graph_cache_device_mesh_hash.py",
-           ((2, 12), (2, 13), (2, 14), (2, 15)), ((2, 11),), Workaround.DOCUMENTED, "docs/keras.md",
+           ((2, 12), (2, 13), (2, 14), (2, 15)), ((2, 11),), Workaround.COMPILE_CACHE_KEY,
+           "_keras/step/compile.py, _torch/api.py",
            "inductor's FX graph cache key pickles a DeviceMesh graph input with its per-process hash: a compiled "
            "graph that takes a mesh is never reused by the next launch"),
+    Defect("aot_autograd_cache_numpy_operator", "torch", "torch_aot_autograd_cache_numpy_operator.py", _EVERY, (),
+           Workaround.DOCUMENTED, "docs/keras.md",
+           "AOTAutograd's on-disk cache bypasses a graph in which TorchDynamo traced an operator on a NumPy value "
+           "(keras_hub Gemma's 1 / np.sqrt(head_dim)): it is traced again at every launch"),
     Defect("gloo_exit_abort", "torch", "torch_gloo_exit_abort.py", ((2, 12), (2, 13), (2, 15)), (),
            Workaround.DOCUMENTED, "docs/troubleshooting.md",
            "a gloo program that finished correctly sometimes aborts at exit (a C++ thread still joinable)"),

@@ -23,6 +23,7 @@ from keras_dtensor_mixfix.testing import RankError, _run_on_ranks_rejoining, run
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros"))
 
 import torch_activation_backward_strides  # noqa: E402
+import torch_aot_autograd_cache_numpy_operator  # noqa: E402
 import torch_argmax_2d  # noqa: E402
 import torch_boolean_mask_index  # noqa: E402
 import torch_clip_grad_norm_two_meshes  # noqa: E402
@@ -142,6 +143,30 @@ def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
 @torch_bug(torch_fx_graph_cache_device_mesh_hash)
 def test_a_second_launch_reuses_a_compiled_graph_that_takes_a_device_mesh():
     _run_repro(torch_fx_graph_cache_device_mesh_hash.repro, "AssertionError", "did not reuse", world_size=2)
+
+
+def test_meshes_keyed_by_their_groups_make_a_second_launch_reuse_the_graph(tmp_path):
+    """The package's workaround (inside compiled Keras steps): the repro's two launches, each compiling inside
+    ``device_meshes_keyed_by_groups()``; the second finds the first's graph (on every release: on 2.11, which does
+    not need it, it changes nothing that matters)."""
+    import json
+    import subprocess
+
+    call = "step(weight, torch.ones(4, 4))"
+    assert call in torch_fx_graph_cache_device_mesh_hash.LAUNCH
+    launch = torch_fx_graph_cache_device_mesh_hash.LAUNCH.replace(call, (
+        "from keras_dtensor_mixfix._torch.api import device_meshes_keyed_by_groups\n"
+        f"with device_meshes_keyed_by_groups():\n    {call}"))
+    environment = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "KERAS_DTENSOR_MIXFIX": "0"}
+    counts = [json.loads(subprocess.run([sys.executable, "-c", launch], env=environment, capture_output=True,
+                                        text=True, timeout=300, check=True).stdout.strip().splitlines()[-1])
+              for _ in range(2)]
+    assert counts[0].get("fxgraph_cache_miss") == 1 and counts[1] == {"fxgraph_cache_hit": 1}, counts
+
+
+@torch_bug(torch_aot_autograd_cache_numpy_operator)
+def test_aot_autograd_cache_keeps_a_graph_with_an_operator_on_a_numpy_value():
+    _run_repro(torch_aot_autograd_cache_numpy_operator.repro, "AssertionError", "did not keep the graph", world_size=2)
 
 
 @torch_bug(torch_dtensor_one_hot_compiled)

@@ -10,10 +10,14 @@ them is missing makes the caller fall back to doing nothing (torch's own path), 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import logging
+import pickle
 import sys
-from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Tuple
+import threading
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Protocol, Tuple
 
 import torch
 
@@ -25,7 +29,8 @@ __all__ = [
     "implicit_replication_enabled", "custom_op_handler", "MIXED_OPERAND_MESSAGE", "is_mixed_operand_error",
     "clear_sharding_cache", "dispatch_rule_for", "register_dispatch_rule", "shadow_register", "registration_handle",
     "is_traced", "current_compile_id",
-    "aot_autograd_cache", "skipping_save", "cache_key_tagged", "reset_compiled_code", "is_masked_partial",
+    "aot_autograd_cache", "skipping_save", "cache_key_tagged", "device_meshes_keyed_by_groups", "device_mesh_cache_key",
+    "reset_compiled_code", "is_masked_partial",
     "is_exactly",
 ]
 
@@ -300,6 +305,78 @@ def cache_key_tagged(tag: str) -> Any:
 
     base = compiler_config.cache_key_tag
     return compiler_config.patch(cache_key_tag=f"{base}|{tag}" if base else tag)
+
+
+@contextlib.contextmanager
+def device_meshes_keyed_by_groups() -> Iterator[None]:
+    """A context in which inductor's FX graph cache key (and AOTAutograd's, whose pickler derives from it) pickles a
+    ``DeviceMesh`` graph input by what it stands for: its device type, ranks, dim names and the name of this rank's
+    process group along each dim (:func:`device_mesh_cache_key`).
+
+    Without it the key pickles the mesh's ``__dict__``, which holds ``hash()`` of the mesh cached in ``_hash``: it
+    differs from process to process, so a graph that takes a mesh never hits the on-disk cache launch to launch
+    (``repros/torch_fx_graph_cache_device_mesh_hash.py``). Relies on ``FxGraphCachePickler.__init__`` making
+    ``self.dispatch_table`` (torch 2.11 to 2.15); the pickler's class is patched for the duration, process-wide,
+    nested or concurrent uses sharing one patch."""
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    with _mesh_keys.lock:
+        if not _mesh_keys.users:
+            original = FxGraphCachePickler.__dict__["__init__"]
+
+            @functools.wraps(original)
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                original(self, *args, **kwargs)
+                self.dispatch_table[_device_mesh_class()] = _reduce_device_mesh
+
+            FxGraphCachePickler.__init__ = __init__
+            _mesh_keys.original, _mesh_keys.wrapper = original, __init__
+        _mesh_keys.users += 1
+    try:
+        yield
+    finally:
+        with _mesh_keys.lock:
+            _mesh_keys.users -= 1
+            if not _mesh_keys.users:
+                if FxGraphCachePickler.__dict__["__init__"] is _mesh_keys.wrapper:
+                    FxGraphCachePickler.__init__ = _mesh_keys.original
+                else:  # replaced on top of ours meanwhile: left as it is (undoing ours would undo theirs)
+                    log.warning("FxGraphCachePickler.__init__ was replaced while keras_dtensor_mixfix had patched it; "
+                                "left as it is")
+                _mesh_keys.original = _mesh_keys.wrapper = None
+
+
+class _MeshKeysPatch:
+    """The one patch of ``FxGraphCachePickler.__init__`` that every :func:`device_meshes_keyed_by_groups` shares."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.original: Any = None
+        self.wrapper: Any = None
+
+
+_mesh_keys = _MeshKeysPatch()
+
+
+def _device_mesh_class() -> type:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh
+
+
+def device_mesh_cache_key(*parts: Any) -> Tuple[Any, ...]:
+    """What a ``DeviceMesh`` pickles to inside :func:`device_meshes_keyed_by_groups` (a module-level function, so the
+    pickle names it by reference)."""
+    return parts
+
+
+def _reduce_device_mesh(mesh: Any) -> Any:
+    try:
+        groups = tuple(mesh.get_group(dim).group_name for dim in range(mesh.ndim))
+    except RuntimeError:  # this rank has no group in the mesh: torch's own pickling (a key that varies)
+        return mesh.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+    return device_mesh_cache_key, (mesh.device_type, mesh.mesh.tolist(), mesh.mesh_dim_names, groups)
 
 
 def dynamo_error_classes() -> Tuple[type, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Dict
 
 from .checks_compile import (check_aot_autograd_cache, check_cache_key_tag, check_compile_id,
-                             check_dynamo_reset, check_traced_tensors)
+                             check_device_mesh_cache_key, check_dynamo_reset, check_traced_tensors)
 from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, check_op_overload, check_op_schema,
                               check_register_goes_through_holder, check_registration_handle,
                               check_rule_runs_before_fast_path)
@@ -54,6 +54,8 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("compile_id", "torch._guards.CompileContext.current_compile_id", check_compile_id),
     Check("aot_autograd_cache", "AOTAutogradCache.save (staticmethod)", check_aot_autograd_cache),
     Check("cache_key_tag", "torch.compiler.config.cache_key_tag", check_cache_key_tag),
+    Check("device_mesh_cache_key", "torch._inductor.codecache.FxGraphCachePickler.__init__, dispatch_table",
+          check_device_mesh_cache_key),
     Check("dynamo_reset", "torch._dynamo.reset", check_dynamo_reset),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a torch where it fails)."""

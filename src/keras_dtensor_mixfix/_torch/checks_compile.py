@@ -1,5 +1,5 @@
 """The self-check's checks of the torch.compile internals: traced tensors, the compile id, AOTAutograd's
-cache, the cache keys' tag and resetting compiled code.
+cache, the cache keys' tag and how they pickle a DeviceMesh, and resetting compiled code.
 
 Each check gets a ``Probe`` (see ``probe``) and returns what it saw, or raises when torch does not
 behave as the package relies on; ``checks.CHECKS`` lists them in the order they run.
@@ -86,3 +86,30 @@ def check_dynamo_reset(probe: Probe) -> str:
     require(callable(getattr(torch._dynamo, "reset", None)), "torch._dynamo.reset is missing")
     require(callable(api_module().reset_compiled_code), "reset_compiled_code")
     return "torch._dynamo.reset, as reset_compiled_code (not called here: it would drop this process's compiled code)"
+
+
+def check_device_mesh_cache_key(probe: Probe) -> str:
+    import pickle
+
+    import torch
+    from torch._inductor.codecache import FxGraphCachePickler
+    from torch.distributed.device_mesh import DeviceMesh
+
+    api = api_module()
+    graph = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    original = FxGraphCachePickler.__dict__["__init__"]
+    require(DeviceMesh not in FxGraphCachePickler(graph).dispatch_table,
+            "FxGraphCachePickler already pickles DeviceMesh its own way")
+    with api.device_meshes_keyed_by_groups():
+        with api.device_meshes_keyed_by_groups():  # nested: one patch
+            keyed = FxGraphCachePickler(graph).dumps(probe.mesh)
+        require(isinstance(FxGraphCachePickler(graph).dispatch_table, dict), "FxGraphCachePickler has no dispatch_table")
+        expected = ("cpu", probe.mesh.mesh.tolist(), probe.mesh.mesh_dim_names, (probe.mesh.get_group(0).group_name,))
+        require(pickle.loads(keyed) == api.device_mesh_cache_key(*expected),
+                "a DeviceMesh is not pickled by device type, ranks, dim names and group names in the FX graph cache key")
+    require(FxGraphCachePickler.__dict__["__init__"] is original
+            and DeviceMesh not in FxGraphCachePickler(graph).dispatch_table,
+            "the patch of FxGraphCachePickler.__init__ was not undone")
+    return ("FxGraphCachePickler.__init__ making self.dispatch_table, given a DeviceMesh reduction by "
+            "device_meshes_keyed_by_groups and restored")
+

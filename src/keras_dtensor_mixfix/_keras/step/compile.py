@@ -12,6 +12,7 @@ On Keras 3.12 to 3.15 the train step compiled is the fork of Keras' own in :mod:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Dict, List
 
@@ -129,18 +130,23 @@ def keyed_by_rank(step: Callable[[Any], Any], trainer: Any) -> Callable[[Any], A
     step failed on those ranks and hung on the others. Tagged, each rank loads only what a rank in its place (the
     same rank, world size, meshes and process-group names) compiled: its own entries of an earlier launch of the
     job, so a second launch loads the graphs AOTAutograd could cache instead of compiling them again (not those
-    that hold an autograd Function, such as the partial-sum boundary of :mod:`.reductions`, nor those the
-    compile-cache guard kept out because they traced a promotion).
+    that hold a custom autograd Function, nor those the compile-cache guard kept out because they traced a
+    promotion). A ``DeviceMesh`` graph input is meanwhile keyed by its devices, dim names and process groups
+    (:func:`device_meshes_keyed_by_groups`), not by its per-process ``hash()``, without which no graph that takes a
+    mesh would hit the cache from one launch to the next.
     """
-    from ..._torch.api import cache_key_tagged  # imports torch: not at the package's import
+    from ..._torch.api import cache_key_tagged, device_meshes_keyed_by_groups  # imports torch: not at import
+    from ..._torch.versions import has_defect, running_torch_version
 
     tag: List[str] = []
+    meshes_keyed = (device_meshes_keyed_by_groups if has_defect("fx_graph_cache_device_mesh_hash",
+                                                                running_torch_version()) else contextlib.nullcontext)
 
     @functools.wraps(step)
     def tagged(data: Any) -> Any:
         if not tag:
             tag.append(rank_cache_key_tag(trainer))
-        with cache_key_tagged(tag[0]):
+        with cache_key_tagged(tag[0]), meshes_keyed():
             return step(data)
 
     return tagged
