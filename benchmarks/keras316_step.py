@@ -100,6 +100,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--jit", action="store_true", help="both models compiled with jit_compile=True (P7)")
+    parser.add_argument("--json", help="also write the medians and ratios there (for compiled_step_targets.py)")
     args = parser.parse_args()
     import keras
     import keras.src.backend as backend_module
@@ -120,13 +121,20 @@ def main() -> int:
           f"AdamW, batch 64, jit_compile={args.jit} ({args.rounds} rounds x {args.steps} steps)")
     target = JIT_TARGET if args.jit else TARGET
     median = statistics.median
+    summary = {}
     for what, a, o in (("wall time per step", alone, ours), ("CPU time per step, both ranks", alone_cpu, ours_cpu)):
         ratio = median(x / y for x, y in zip(o, a))
+        summary[what] = {"alone_median_ms": median(a), "ours_median_ms": median(o), "ratio": ratio}
         print(f"  {what}:")
         print(f"    Keras alone (KerasDTensorPromotionMode): min {min(a):.2f} ms, median {median(a):.2f} ms")
         print(f"    with keras_dtensor_mixfix:               min {min(o):.2f} ms, median {median(o):.2f} ms")
         print(f"    ratio with / alone: min {min(o) / min(a):.3f}, median of per-round ratios {ratio:.3f} "
               f"(target <= {target}: {'PASS' if ratio <= target else 'MISS'})")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as out:
+            json.dump({"keras": keras.__version__, "jit": args.jit, **summary}, out, indent=1)
     return 0
 
 

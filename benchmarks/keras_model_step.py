@@ -600,6 +600,8 @@ def main() -> int:
     parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "jit-eager-update"),
                         help=f"rows to run, of {','.join(VARIANTS)} (one-cores: 1 process on the ranks' cores)")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps per variant (at least 3)")
+    parser.add_argument("--json", help="also write each row's first step, median and min step there (for "
+                                       "compiled_step_targets.py)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -620,12 +622,20 @@ def main() -> int:
 
     print(f"torch {torch.__version__}, {RANKS} gloo ranks on 127.0.0.1, mesh {MESH}, size {SIZE}, {STEPS} steps; "
           f"load average at start {os.getloadavg()[0]:.1f}")
+    measured: Dict[str, Any] = {}
     try:
         for name in args.models.split(","):
-            report(name, measure(name, breakdown=not args.no_breakdown, variants=args.variants.split(",")))
+            rows = measure(name, breakdown=not args.no_breakdown, variants=args.variants.split(","))
+            report(name, rows)
+            measured[name] = {variant: ({"first_s": row["first_s"], "median_ms": statistics.median(row["steps_ms"]),
+                                         "min_ms": min(row["steps_ms"])} if "error" not in row else row)
+                              for variant, row in rows.items()}
             print(f"\n(load average after {name}: {os.getloadavg()[0]:.1f})")
     finally:
         shutdown_workers()
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"size": SIZE, "mesh": MESH, "models": measured}, out, indent=1)
     return 0
 
 
