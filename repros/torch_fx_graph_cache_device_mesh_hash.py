@@ -41,20 +41,25 @@ dist.destroy_process_group()
 '''
 
 
+def launched_twice(program: str) -> list:
+    """Each launch's FX graph cache counts: ``program`` run in two fresh processes on one new inductor cache."""
+    cache = tempfile.mkdtemp(prefix="repro-fx-graph-cache-")
+    environment = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "KERAS_DTENSOR_MIXFIX": "0"}
+    counts = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
+                              timeout=300, check=True)
+        counts.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return counts
+
+
 def repro() -> None:
     """Launches the same compiled function twice on one inductor cache (on rank 0); raises AssertionError while the
     second launch does not hit the cache; returns once it does."""
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    cache = tempfile.mkdtemp(prefix="repro-fx-graph-cache-")
-    environment = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "KERAS_DTENSOR_MIXFIX": "0"}
-    counts = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", LAUNCH], env=environment, capture_output=True, text=True,
-                              timeout=300, check=True)
-        counts.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    counts = launched_twice(LAUNCH)
     assert counts[1].get("fxgraph_cache_hit") == 1, f"the second launch did not reuse the first's graph: {counts}"
-
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")

@@ -145,22 +145,16 @@ def test_a_second_launch_reuses_a_compiled_graph_that_takes_a_device_mesh():
     _run_repro(torch_fx_graph_cache_device_mesh_hash.repro, "AssertionError", "did not reuse", world_size=2)
 
 
-def test_meshes_keyed_by_their_groups_make_a_second_launch_reuse_the_graph(tmp_path):
+def test_meshes_keyed_by_their_groups_make_a_second_launch_reuse_the_graph():
     """The package's workaround (inside compiled Keras steps): the repro's two launches, each compiling inside
     ``device_meshes_keyed_by_groups()``; the second finds the first's graph (on every release: on 2.11, which does
     not need it, it changes nothing that matters)."""
-    import json
-    import subprocess
-
     call = "step(weight, torch.ones(4, 4))"
     assert call in torch_fx_graph_cache_device_mesh_hash.LAUNCH
     launch = torch_fx_graph_cache_device_mesh_hash.LAUNCH.replace(call, (
         "from keras_dtensor_mixfix._torch.api import device_meshes_keyed_by_groups\n"
         f"with device_meshes_keyed_by_groups():\n    {call}"))
-    environment = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "KERAS_DTENSOR_MIXFIX": "0"}
-    counts = [json.loads(subprocess.run([sys.executable, "-c", launch], env=environment, capture_output=True,
-                                        text=True, timeout=300, check=True).stdout.strip().splitlines()[-1])
-              for _ in range(2)]
+    counts = torch_fx_graph_cache_device_mesh_hash.launched_twice(launch)
     assert counts[0].get("fxgraph_cache_miss") == 1 and counts[1] == {"fxgraph_cache_hit": 1}, counts
 
 
