@@ -27,8 +27,8 @@ Models (random, fixed data, Keras' default ``jit_compile`` unless a row says oth
 
 Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on N
 gloo ranks under ``ModelParallel`` on a ("batch", "model") mesh with this package (eager,
-``jit_compile=True`` as the package compiles it by default, each distinct repeated block once and the optimizer's
-update, ``jit``; the same with the update left eager, ``jit-eager-update`` (not run by default); and the whole
+``jit_compile=True`` as the package compiles it by default, each distinct repeated block once, and the optimizer's
+update, the loss and the metrics each as a region, ``jit``; the same with the update left eager, ``jit-eager-update`` (not run by default); and the whole
 step compiled, ``jit-step``; ``--mesh``, default 1x2: N = 2); JAX on N virtual CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=N``, the same mesh and layout map; skipped when
 jax is not installed); and warm starts, ``jit-warm`` and ``jax-warm``: the ``jit`` and ``jax`` rows launched twice
@@ -233,8 +233,14 @@ def torch_ranks(name: str, jit: bool, breakdown: bool, unit: str = "layer") -> D
     if unit == "layer-eager-update":  # each block once, the optimizer's update left eager (what it gains)
         from keras_dtensor_mixfix._keras.step import layer_compile
 
-        layer_compile._CompiledApply.apply = lambda region, grads, variables=None: region.original(
-            region.optimizer(), grads, variables)
+        compiled_call = layer_compile._CompiledMethod.call
+
+        def call(region: Any, *args: Any, **kwargs: Any) -> Any:
+            if region.name == "apply":
+                return region.original(region.owner(), *args, **kwargs)
+            return compiled_call(region, *args, **kwargs)
+
+        layer_compile._CompiledMethod.call = call  # type: ignore[method-assign]
         unit = "layer"
     keras_integration.set_compile_unit(unit)
     model, x, y = build(name, jit, distributed=True)

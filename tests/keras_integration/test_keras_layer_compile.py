@@ -203,17 +203,18 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
     handler.emit = records.append
     logging.getLogger("keras_dtensor_mixfix").addHandler(handler)
     layer_compile.set_compile_unit(unit)
-    group_init, apply_init = layer_compile._Group.__init__, layer_compile._CompiledApply.__init__
+    group_init, method_init = layer_compile._Group.__init__, layer_compile._CompiledMethod.__init__
 
     def refusing(*args, **kwargs):
         raise torch._dynamo.exc.Unsupported("a refusal made by the test")
 
     if refused == "optimizer":
-        def init_apply(region, optimizer):
-            apply_init(region, optimizer)
-            region.compiled = refusing
+        def init_method(region, owner, name, label):
+            method_init(region, owner, name, label)
+            if name == "apply":
+                region.compiled = refusing
 
-        layer_compile._CompiledApply.__init__ = init_apply
+        layer_compile._CompiledMethod.__init__ = init_method
     elif refused:
         def init(group, members):
             group_init(group, members)
@@ -237,7 +238,8 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
                   "graphs_after_direct": counters["stats"]["unique_graphs"], "direct": direct,
                   "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING],
                   "replaced_calls": sum("call" in vars(layer) for layer in model.layers),
-                  "optimizer_compiled": "apply" in vars(model.optimizer)}
+                  "optimizer_compiled": "apply" in vars(model.optimizer),
+                  "trainer_regions": sorted(set(layer_compile.TRAINER_REGIONS) & set(vars(model)))}
         result["autograd_cache"] = dict(counters["aot_autograd"])
         result["graph_cache"] = _graph_cache_counts(counters)
         if again:
@@ -253,7 +255,7 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
                                "autograd_cache": dict(counters["aot_autograd"]),
                                "graph_cache": _graph_cache_counts(counters)}
     finally:
-        layer_compile._Group.__init__, layer_compile._CompiledApply.__init__ = group_init, apply_init
+        layer_compile._Group.__init__, layer_compile._CompiledMethod.__init__ = group_init, method_init
         layer_compile.set_compile_unit(None)
         logging.getLogger("keras_dtensor_mixfix").removeHandler(handler)
         keras.distribution.set_distribution(None)
@@ -261,6 +263,7 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
         keras.backend.clear_session()
     result["replaced_calls_after_uninstall"] = sum("call" in vars(layer) for layer in model.layers)
     result["optimizer_compiled_after_uninstall"] = "apply" in vars(model.optimizer)
+    result["trainer_regions_after_uninstall"] = sorted(set(layer_compile.TRAINER_REGIONS) & set(vars(model)))
     return result
 
 
@@ -337,10 +340,12 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
         assert not out["warnings"], (rank, out["warnings"])
     assert per_layer[0]["graphs_after_direct"] == per_layer[0]["graphs"]
     # one block graph for training, one for evaluate and predict (no gradient): not one per block; one for the
-    # optimizer's update
-    assert per_layer[0]["graphs"] == 3, per_layer[0]["graphs"]
+    # optimizer's update; the loss and the metrics, each once for training and once for evaluate
+    assert per_layer[0]["graphs"] == 7, per_layer[0]["graphs"]
     assert per_layer[0]["replaced_calls"] == BLOCKS and per_layer[0]["replaced_calls_after_uninstall"] == 0
     assert per_layer[0]["optimizer_compiled"] and not per_layer[0]["optimizer_compiled_after_uninstall"]
+    assert per_layer[0]["trainer_regions"] == ["compute_loss", "compute_metrics"]
+    assert per_layer[0]["trainer_regions_after_uninstall"] == []
 
 
 @pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "

@@ -78,11 +78,22 @@ class _Prepared:
         self.groups = groups
         self.patches = PatchRecorder()
         self.optimizer: Any = None
+        self.trainer_regions = False
+
+
+TRAINER_REGIONS = ("compute_loss", "compute_metrics")
+"""The trainer's methods compiled as regions of their own (:class:`_CompiledMethod`) while its layers compile."""
+
+
+def _compile_method(prepared: _Prepared, owner: Any, name: str, label: str) -> None:
+    prepared.patches.set(owner, name, _CompiledMethod(owner, name, label).call, create=True,
+                         label=f"{label} (compiled)")
 
 
 def prepare(trainer: Any) -> bool:
     """Whether ``trainer``'s steps compile per layer: groups found and their members' ``call`` replaced (once), and
-    the optimizer's ``apply`` compiled as a region of its own (:class:`_CompiledApply`)."""
+    the optimizer's ``apply`` and the trainer's :data:`TRAINER_REGIONS` compiled as regions of their own
+    (:class:`_CompiledMethod`)."""
     if compile_unit() != "layer":
         return False
     prepared = _prepared.get(trainer)
@@ -96,10 +107,13 @@ def prepare(trainer: Any) -> bool:
         if prepared.groups:
             log.info("keras_dtensor_mixfix: jit_compile compiles %s", "; ".join(
                 f"{type(g.members[0]).__name__} once for {len(g.members)} layers" for g in prepared.groups))
+    if prepared.groups and not prepared.trainer_regions:
+        for name in TRAINER_REGIONS:
+            _compile_method(prepared, trainer, name, f"the model {trainer.name}'s {name}")
+        prepared.trainer_regions = True
     optimizer = getattr(trainer, "optimizer", None)
     if prepared.groups and optimizer is not None and optimizer is not prepared.optimizer:  # compile() may bring a new one
-        prepared.patches.set(optimizer, "apply", _CompiledApply(optimizer).apply, create=True,
-                             label=f"{optimizer.name}.apply (compiled)")
+        _compile_method(prepared, optimizer, "apply", f"the optimizer {optimizer.name}'s update")
         prepared.optimizer = optimizer
     return bool(prepared.groups)
 
@@ -263,41 +277,46 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-class _CompiledApply:
-    """An optimizer's ``apply`` compiled as a region of its own while the layers run compiled.
+class _CompiledMethod:
+    """A method of one object (an optimizer's ``apply``, a trainer's ``compute_loss`` and ``compute_metrics``)
+    compiled as a region of its own while the layers run compiled.
 
-    With the blocks compiled, the update is the largest part of the step left eager: one DTensor dispatch per
-    ``_foreach_*`` op and variable list, every step. Compiled, it runs as one graph on the local pieces. The region
-    is ``apply`` whole, as the whole-step compile traces it (learning-rate schedules, loss scaling, gradient
-    accumulation and clipping included). Its first call, and any outside a compiled step, runs as Keras runs it:
-    the first builds what Keras makes lazily (the optimizer's variables; AdamW's cache of the variables excluded from
-    weight decay, whose creation made the compiled update compile again at step 2). A compile that fails leaves it
-    eager, with one warning.
+    With the blocks compiled, these are what the step otherwise runs eagerly as one DTensor dispatch per op: the
+    update's ``_foreach_*`` ops per variable list, the loss on sharded logits, the metrics' updates. Compiled, each
+    runs as one graph on the local pieces. The region is the method whole, as the whole-step compile traces it
+    (an overriding ``compute_loss``, learning-rate schedules, loss scaling, gradient accumulation and clipping
+    included). Its first call, any call outside a compiled step or on symbolic values (Keras building the compiled
+    loss and metrics), and any call before the object is built run as
+    Keras runs them: the first builds what Keras makes lazily (the optimizer's variables; AdamW's cache of the
+    variables excluded from weight decay, whose creation made the compiled update compile again at step 2; the
+    compiled loss and metrics). A compile that fails leaves the method eager, with one warning.
     """
 
-    def __init__(self, optimizer: Any) -> None:
+    def __init__(self, owner: Any, name: str, label: str) -> None:
         import torch
 
-        self.optimizer = weakref.ref(optimizer)
-        self.original = type(optimizer).apply
+        self.owner = weakref.ref(owner)
+        self.name = name
+        self.original = getattr(type(owner), name)
         self.compiled = torch.compile(self.original, dynamic=False)
+        self.label = label
         self.eager_reason: Optional[str] = None
         self.called = False
 
-    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+    def call(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        optimizer = self.optimizer()
+        owner = self.owner()
         if (self.eager_reason is not None or not getattr(_active, "on", False) or not self.called
-                or not optimizer.built or torch.compiler.is_compiling()):
+                or not getattr(owner, "built", True) or torch.compiler.is_compiling()
+                or not _real_tensors(args, kwargs)):
             self.called = self.called or getattr(_active, "on", False)
-            return self.original(optimizer, grads, trainable_variables)
+            return self.original(owner, *args, **kwargs)
         try:
-            return self.compiled(optimizer, grads, trainable_variables)
-        except Exception as error:  # noqa: BLE001 - the update runs eagerly instead, and says so
+            return self.compiled(owner, *args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - the method runs eagerly instead, and says so
             if not _is_compile_error(error):
                 raise
             self.eager_reason = _compile_failure(error)
-            log.warning("keras_dtensor_mixfix: jit_compile runs the optimizer %s's update eagerly: %s",
-                        optimizer.name, self.eager_reason)
-            return self.original(optimizer, grads, trainable_variables)
+            log.warning("keras_dtensor_mixfix: jit_compile runs %s eagerly: %s", self.label, self.eager_reason)
+            return self.original(owner, *args, **kwargs)
