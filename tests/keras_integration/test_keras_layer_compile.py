@@ -9,7 +9,8 @@ On real ranks, (1, 2) and (2, 2) meshes: a model of four identical tensor-parall
 Dense pairs) trains, evaluates and predicts with ``jit_compile=True`` to one process's values, compiling one graph
 per step kind for all four blocks (nothing recompiles per block), and compiled again from the ranks' on-disk caches
 (as a second launch) loads each rank's own entries, to the same values. Blocks that update a running statistic and
-add a loss in a training call give one process's trained weights and losses. The whole-step compile
+add a loss in a training call give one process's trained weights and losses; so does a model overriding
+``compute_loss`` and compiled with a metric (the loss and the metrics run as compiled regions of their own). The whole-step compile
 (``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``) on (1, 2) gives one process's values too (``MIXFIX_TEST_SLOW=1``: by
 hand). A block that changes its own Python state in a call runs eagerly, with one warning, and still gives one
 process's values; so does a block torch.compile refuses, the warning giving torch's reason. Outside the steps (a
@@ -75,7 +76,9 @@ def _block_class():
     return Block
 
 
-def _model(counting=False, blocks=BLOCKS, stateful=False):
+def _model(counting=False, blocks=BLOCKS, stateful=False, custom=False):
+    """The blocks between an input and an output Dense; ``custom``: a model overriding ``compute_loss``, compiled with
+    a metric too (:func:`_compiled`)."""
     import keras
 
     block = _block_class()
@@ -83,7 +86,34 @@ def _model(counting=False, blocks=BLOCKS, stateful=False):
     x = keras.layers.Dense(WIDTH, name="embed")(inputs)  # every block's input then needs a gradient alike
     for index in range(blocks):
         x = block(counting=counting, stateful=stateful, name=f"block_{index}")(x)
-    return keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
+    model_class = _own_loss_model_class() if custom else keras.Model
+    return model_class(inputs, keras.layers.Dense(2, name="head")(x))
+
+
+def _own_loss_model_class():
+    import keras
+
+    class OwnLoss(keras.Model):
+        """Keras' guide "Customizing what happens in fit()": the compiled loss plus a penalty on the predictions."""
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+            return loss + 0.1 * keras.ops.mean(keras.ops.square(y_pred))
+
+    return OwnLoss
+
+
+def _compiled(model, custom, jit_compile):
+    import keras
+
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"] if custom else None,
+                  jit_compile=jit_compile)
+    return model
+
+
+def _scalars(logs):
+    """A step's or ``evaluate``'s loss, and its metrics when compiled with some, as a list of floats."""
+    return np.asarray(logs, dtype=float).ravel().tolist()
 
 
 def _data():
@@ -181,12 +211,12 @@ def _distribution(mesh_shape):
     return distribution
 
 
-def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False, again=False):
+def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False, again=False, custom=False):
     """On this rank: losses, evaluation, predictions and trained weights of 3 steps with ``jit_compile=True``
     under ``unit``; the graphs TorchDynamo made; the warnings; and a direct call's value (outside any step).
     ``refused``: torch.compile refuses the blocks (as TorchDynamo refuses code it cannot trace); ``"optimizer"``: it
     refuses the optimizer's update. ``stateful``: each block updates statistics and adds a loss in a training call.
-    ``again``: then the same job compiled again from nothing in memory (``torch._dynamo.reset()``), as a second launch
+    ``custom``: the model overrides ``compute_loss`` and is compiled with a metric. ``again``: then the same job compiled again from nothing in memory (``torch._dynamo.reset()``), as a second launch
     compiles, with the ranks' on-disk cache entries of the first (under ``"again"``: its values and cache hits)."""
     import keras
     import torch
@@ -224,12 +254,11 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
     try:
         keras.distribution.set_distribution(_distribution(mesh_shape))
         keras.utils.set_random_seed(0)
-        model = _model(counting, stateful=stateful)
-        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
+        model = _compiled(_model(counting, stateful=stateful, custom=custom), custom, jit_compile=True)
         x, y = _data()
         initial = model.get_weights()
-        losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
-        evaluated = float(model.evaluate(x, y, verbose=0))
+        losses = [_scalars(model.train_on_batch(x, y)) for _ in range(3)]
+        evaluated = _scalars(model.evaluate(x, y, verbose=0))
         predicted = model.predict(x, verbose=0)
         graphs = counters["stats"]["unique_graphs"]
         direct = keras.ops.convert_to_numpy(model(x))  # outside a step: Keras' own calls, nothing compiled
@@ -245,11 +274,10 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
         if again:
             torch._dynamo.reset()
             counters.clear()
-            second = _model(counting, stateful=stateful)
-            second.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
+            second = _compiled(_model(counting, stateful=stateful, custom=custom), custom, jit_compile=True)
             second.set_weights(initial)
-            result["again"] = {"losses": [float(second.train_on_batch(x, y)) for _ in range(3)],
-                               "evaluated": float(second.evaluate(x, y, verbose=0)),
+            result["again"] = {"losses": [_scalars(second.train_on_batch(x, y)) for _ in range(3)],
+                               "evaluated": _scalars(second.evaluate(x, y, verbose=0)),
                                "predicted": second.predict(x, verbose=0), "trained": second.get_weights(),
                                "direct": keras.ops.convert_to_numpy(second(x)),
                                "autograd_cache": dict(counters["aot_autograd"]),
@@ -272,15 +300,14 @@ def _graph_cache_counts(counters):
     return {key: n for key, n in counters["inductor"].items() if key.startswith("fxgraph_cache")}
 
 
-def _one_process(initial, counting=False, stateful=False):
+def _one_process(initial, counting=False, stateful=False, custom=False):
     import keras
 
-    model = _model(counting, stateful=stateful)
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model = _compiled(_model(counting, stateful=stateful, custom=custom), custom, jit_compile=False)
     model.set_weights(initial)
     x, y = _data()
-    losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
-    out = {"losses": losses, "evaluated": float(model.evaluate(x, y, verbose=0)),
+    losses = [_scalars(model.train_on_batch(x, y)) for _ in range(3)]
+    out = {"losses": losses, "evaluated": _scalars(model.evaluate(x, y, verbose=0)),
            "predicted": model.predict(x, verbose=0), "trained": model.get_weights(),
            "direct": keras.ops.convert_to_numpy(model(x))}
     keras.backend.clear_session()
@@ -372,6 +399,20 @@ def test_the_whole_step_unit_equals_one_process():
     for out in whole_step:
         _assert_equal(out, reference)
     assert whole_step[0]["graphs"] >= 3, whole_step[0]["graphs"]  # train, test and predict steps
+
+
+@compiles_whole
+def test_an_overridden_compute_loss_and_a_metric_compile_as_regions_and_equal_one_process():
+    """Keras' guide "Customizing what happens in fit()": a model overriding ``compute_loss``, compiled with a metric.
+    The loss and metrics regions trace the override and the metric's update (no warning: nothing fell back to
+    eager); losses, the metric, evaluation and trained weights equal one process, whose loss has the penalty too."""
+    per_rank = run_on_ranks(compiled_run, (1, 2), "layer", custom=True, world_size=2, timeout=600)
+    reference = _one_process(per_rank[0]["initial"], custom=True)
+    for rank, out in enumerate(per_rank):
+        _assert_equal(out, reference)
+        assert len(out["losses"][0]) == 2, out["losses"]  # the loss and the metric
+        assert not out["warnings"], (rank, out["warnings"])
+        assert out["trainer_regions"] == ["compute_loss", "compute_metrics"]
 
 
 # The three tests below run the per-block compile with a block or the update refused (the same code on every Keras).
