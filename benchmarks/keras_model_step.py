@@ -28,7 +28,8 @@ Models (random, fixed data, Keras' default ``jit_compile`` unless a row says oth
 Variants, each in fresh processes: torch in one process (eager, ``jit_compile=True``); torch on N
 gloo ranks under ``ModelParallel`` on a ("batch", "model") mesh with this package (eager,
 ``jit_compile=True`` as the package compiles it by default, each distinct repeated block once, and the optimizer's
-update, the loss and the metrics each as a region, ``jit``; the same with the update left eager, ``jit-eager-update`` (not run by default); and the whole
+update, the loss and the metrics each as a region, ``jit``; the same with the update left eager, ``jit-eager-update``,
+or the loss and the metrics, ``jit-eager-loss`` (neither run by default); and the whole
 step compiled, ``jit-step``; ``--mesh``, default 1x2: N = 2); JAX on N virtual CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=N``, the same mesh and layout map; skipped when
 jax is not installed); and warm starts, ``jit-warm`` and ``jax-warm``: the ``jit`` and ``jax`` rows launched twice
@@ -96,6 +97,10 @@ WARM_TARGET = 1.5  # issue 45: a warm start's first compiled step on the ranks Ã
 RANKED = f"torch, {RANKS} ranks ModelParallel {MESH[0]}x{MESH[1]} + package"
 JAX = f"JAX, {RANKS} virtual CPU devices {MESH[0]}x{MESH[1]}, jit"
 ONE_PROCESS_SAME_CORES = f"torch, 1 process, eager, {RANKS} threads"
+
+
+EAGER_REGIONS = {"layer-eager-update": ("apply",), "layer-eager-loss": ("compute_loss", "compute_metrics")}
+"""The ``jit-eager-*`` rows' units: the compiled regions (methods) each leaves eager."""
 
 
 def _hub_config(name: str) -> Dict[str, Any]:
@@ -230,13 +235,13 @@ def torch_ranks(name: str, jit: bool, breakdown: bool, unit: str = "layer") -> D
 
     torch.set_num_threads(1)
     keras_integration.install()
-    if unit == "layer-eager-update":  # each block once, the optimizer's update left eager (what it gains)
+    if unit in EAGER_REGIONS:  # each block once, some regions left eager (what they gain)
         from keras_dtensor_mixfix._keras.step import layer_compile
 
-        compiled_call = layer_compile._CompiledMethod.call
+        compiled_call, eager = layer_compile._CompiledMethod.call, EAGER_REGIONS[unit]
 
         def call(region: Any, *args: Any, **kwargs: Any) -> Any:
-            if region.name == "apply":
+            if region.name in eager:
                 return region.original(region.owner(), *args, **kwargs)
             return compiled_call(region, *args, **kwargs)
 
@@ -429,8 +434,8 @@ def _jax_available() -> bool:
     return importlib.util.find_spec("jax") is not None
 
 
-VARIANTS = ("one", "one-cores", "one-jit", "eager", "jit", "jit-eager-update", "jit-step", "jax", "jit-warm",
-            "jax-warm")
+VARIANTS = ("one", "one-cores", "one-jit", "eager", "jit", "jit-eager-update", "jit-eager-loss", "jit-step", "jax",
+            "jit-warm", "jax-warm")
 """``--variants`` names of the rows, in the order they run (``jit``: the package's default, each distinct repeated
 block compiled once; ``jit-step``: the whole step compiled; ``jit-warm`` and ``jax-warm``: a second launch of the
 ``jit`` and ``jax`` rows on this machine, their on-disk compile caches filled by a first launch)."""
@@ -438,6 +443,7 @@ JIT_WARM = f"{RANKED}, jit_compile, warm start"
 JAX_WARM = f"{JAX}, warm start"
 JIT_ROWS = {"jit": ("layer", f"{RANKED}, jit_compile"),
             "jit-eager-update": ("layer-eager-update", f"{RANKED}, jit_compile, optimizer update eager"),
+            "jit-eager-loss": ("layer-eager-loss", f"{RANKED}, jit_compile, loss and metrics eager"),
             "jit-step": ("step", f"{RANKED}, jit_compile, whole step")}
 
 
@@ -603,7 +609,8 @@ def main() -> int:
                         help="the (batch, model) mesh of the distributed variants, e.g. 2x2 (4 ranks)")
     parser.add_argument("--size", choices=sorted(SIZES), default=SIZE,
                         help="tiny (dispatch-bound) or compute (issue 21's compute-bound size); see the docstring")
-    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "jit-eager-update"),
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in ("jit-eager-update",
+                                                                                          "jit-eager-loss")),
                         help=f"rows to run, of {','.join(VARIANTS)} (one-cores: 1 process on the ranks' cores)")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps per variant (at least 3)")
     parser.add_argument("--json", help="also write each row's first step, median and min step there (for "
