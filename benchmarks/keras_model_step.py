@@ -609,8 +609,8 @@ def main() -> int:
                         help="the (batch, model) mesh of the distributed variants, e.g. 2x2 (4 ranks)")
     parser.add_argument("--size", choices=sorted(SIZES), default=SIZE,
                         help="tiny (dispatch-bound) or compute (issue 21's compute-bound size); see the docstring")
-    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in ("jit-eager-update",
-                                                                                          "jit-eager-loss")),
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if JIT_ROWS.get(v, ("",))[0]
+                                                       not in EAGER_REGIONS),
                         help=f"rows to run, of {','.join(VARIANTS)} (one-cores: 1 process on the ranks' cores)")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps per variant (at least 3)")
     parser.add_argument("--json", help="also write each row's first step, median and min step there (for "

@@ -10,10 +10,10 @@ Dense pairs) trains, evaluates and predicts with ``jit_compile=True`` to one pro
 per step kind for all four blocks (nothing recompiles per block), and compiled again from the ranks' on-disk caches
 (as a second launch) loads each rank's own entries, to the same values. Blocks that update a running statistic and
 add a loss in a training call give one process's trained weights and losses; so does a model overriding
-``compute_loss`` and compiled with a metric (the loss and the metrics run as compiled regions of their own). The whole-step compile
-(``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``) on (1, 2) gives one process's values too (``MIXFIX_TEST_SLOW=1``: by
-hand). A block that changes its own Python state in a call runs eagerly, with one warning, and still gives one
-process's values; so does a block torch.compile refuses, the warning giving torch's reason. Outside the steps (a
+``compute_loss`` and compiled with a metric (the loss and the metrics run as compiled regions of their own). The
+whole-step compile (``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``) on (1, 2) gives one process's values too
+(``MIXFIX_TEST_SLOW=1``: by hand). A block that changes its own Python state in a call runs eagerly, with one
+warning, and still gives one process's values; so does a block torch.compile refuses, the warning giving torch's reason. Outside the steps (a
 direct call), the blocks run as Keras runs them; ``uninstall()`` gives every block its class's ``call`` back.
 """
 
@@ -77,8 +77,7 @@ def _block_class():
 
 
 def _model(counting=False, blocks=BLOCKS, stateful=False, custom=False):
-    """The blocks between an input and an output Dense; ``custom``: a model overriding ``compute_loss``, compiled with
-    a metric too (:func:`_compiled`)."""
+    """The blocks between an input and an output Dense; ``custom``: a model overriding ``compute_loss``."""
     import keras
 
     block = _block_class()
@@ -103,9 +102,11 @@ def _own_loss_model_class():
     return OwnLoss
 
 
-def _compiled(model, custom, jit_compile):
+def _compiled(jit_compile, counting=False, stateful=False, custom=False):
+    """:func:`_model`, compiled with Adam and MSE (and an MAE metric for ``custom``)."""
     import keras
 
+    model = _model(counting, stateful=stateful, custom=custom)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"] if custom else None,
                   jit_compile=jit_compile)
     return model
@@ -216,8 +217,9 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
     under ``unit``; the graphs TorchDynamo made; the warnings; and a direct call's value (outside any step).
     ``refused``: torch.compile refuses the blocks (as TorchDynamo refuses code it cannot trace); ``"optimizer"``: it
     refuses the optimizer's update. ``stateful``: each block updates statistics and adds a loss in a training call.
-    ``custom``: the model overrides ``compute_loss`` and is compiled with a metric. ``again``: then the same job compiled again from nothing in memory (``torch._dynamo.reset()``), as a second launch
-    compiles, with the ranks' on-disk cache entries of the first (under ``"again"``: its values and cache hits)."""
+    ``custom``: the model overrides ``compute_loss`` and is compiled with a metric. ``again``: then the same job
+    compiled again from nothing in memory (``torch._dynamo.reset()``), as a second launch compiles, with the ranks'
+    on-disk cache entries of the first (under ``"again"``: its values and cache hits)."""
     import keras
     import torch
     from torch._dynamo.utils import counters
@@ -254,7 +256,7 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
     try:
         keras.distribution.set_distribution(_distribution(mesh_shape))
         keras.utils.set_random_seed(0)
-        model = _compiled(_model(counting, stateful=stateful, custom=custom), custom, jit_compile=True)
+        model = _compiled(True, counting, stateful, custom)
         x, y = _data()
         initial = model.get_weights()
         losses = [_scalars(model.train_on_batch(x, y)) for _ in range(3)]
@@ -274,7 +276,7 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
         if again:
             torch._dynamo.reset()
             counters.clear()
-            second = _compiled(_model(counting, stateful=stateful, custom=custom), custom, jit_compile=True)
+            second = _compiled(True, counting, stateful, custom)
             second.set_weights(initial)
             result["again"] = {"losses": [_scalars(second.train_on_batch(x, y)) for _ in range(3)],
                                "evaluated": _scalars(second.evaluate(x, y, verbose=0)),
@@ -303,7 +305,7 @@ def _graph_cache_counts(counters):
 def _one_process(initial, counting=False, stateful=False, custom=False):
     import keras
 
-    model = _compiled(_model(counting, stateful=stateful, custom=custom), custom, jit_compile=False)
+    model = _compiled(False, counting, stateful, custom)
     model.set_weights(initial)
     x, y = _data()
     losses = [_scalars(model.train_on_batch(x, y)) for _ in range(3)]

@@ -78,7 +78,6 @@ class _Prepared:
         self.groups = groups
         self.patches = PatchRecorder()
         self.optimizer: Any = None
-        self.trainer_regions = False
 
 
 TRAINER_REGIONS = ("compute_loss", "compute_metrics")
@@ -107,10 +106,8 @@ def prepare(trainer: Any) -> bool:
         if prepared.groups:
             log.info("keras_dtensor_mixfix: jit_compile compiles %s", "; ".join(
                 f"{type(g.members[0]).__name__} once for {len(g.members)} layers" for g in prepared.groups))
-    if prepared.groups and not prepared.trainer_regions:
-        for name in TRAINER_REGIONS:
-            _compile_method(prepared, trainer, name, f"the model {trainer.name}'s {name}")
-        prepared.trainer_regions = True
+            for name in TRAINER_REGIONS:
+                _compile_method(prepared, trainer, name, f"the model {trainer.name}'s {name}")
     optimizer = getattr(trainer, "optimizer", None)
     if prepared.groups and optimizer is not None and optimizer is not prepared.optimizer:  # compile() may bring a new one
         _compile_method(prepared, optimizer, "apply", f"the optimizer {optimizer.name}'s update")
