@@ -32,6 +32,7 @@ _EXPORTS = {
     "SpreadValueError": "._rules.errors",
     "UnsupportedKerasError": "._rules.errors",
     "InvalidArgumentError": "._rules.errors",
+    "IncompleteCheckpointError": "._rules.errors",
     "UnknownOperatorError": "._rules.errors",
     "ArgumentTypeError": "._rules.errors",
     "Options": "._rules.options",
@@ -85,8 +86,9 @@ def __dir__() -> list:
 if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from . import checkpoint, hookspecs, keras_integration, testing
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
-    from ._rules.errors import (ArgumentTypeError, InvalidArgumentError, MixedOperandError, MixfixError,
-                                ReplicationCheckError, ReplicationCheckWarning, UnknownOperatorError,
+    from ._rules.errors import (ArgumentTypeError, DeviceAssignmentError, IncompleteCheckpointError,
+                                InvalidArgumentError, MixedOperandError, MixfixError, ReplicationCheckError,
+                                ReplicationCheckWarning, SpreadValueError, UnknownOperatorError,
                                 UnsupportedKerasError, UnsupportedTorchError)
     from ._rules.options import Options
     from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch

@@ -10,6 +10,7 @@ raised before the hierarchy existed, so ``except ValueError`` / ``except TypeErr
     |   `-- ReplicationCheckError               patch(check="raise") found a broken assumption
     |-- UnsupportedTorchError (RuntimeError)    patch() on a torch outside the supported range
     |-- DeviceAssignmentError (RuntimeError)    two ranks of one host on one CUDA device (NCCL refuses)
+    |-- IncompleteCheckpointError (FileNotFoundError)  checkpoint.load of a save that never finished
     |-- InvalidArgumentError (ValueError)       a value a public function cannot accept
     |   `-- UnknownOperatorError                an operator name that does not parse or exist
     `-- ArgumentTypeError (TypeError)           an argument of the wrong type
@@ -91,6 +92,13 @@ class UnsupportedKerasError(MixfixError, RuntimeError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"keras_dtensor_mixfix.keras_integration.install(): {reason}")
         self.reason = reason
+
+
+class IncompleteCheckpointError(MixfixError, FileNotFoundError):
+    """``checkpoint.load`` of a folder that holds no complete checkpoint: a save into it began and did not finish (a
+    rank died during it), or none was ever made there. The message names the save left unfinished, the complete
+    checkpoints beside it, and what to do. Subclasses ``FileNotFoundError``: torch's own load raises that for a
+    checkpoint without its ``.metadata``."""
 
 
 class InvalidArgumentError(MixfixError, ValueError):

@@ -23,6 +23,7 @@ EXCEPTIONS = [
     (mf.UnsupportedTorchError, RuntimeError),
     (mf.DeviceAssignmentError, RuntimeError),
     (mf.InvalidArgumentError, ValueError),
+    (mf.IncompleteCheckpointError, FileNotFoundError),
     (mf.UnknownOperatorError, ValueError),
     (mf.ArgumentTypeError, TypeError),
     (testing.RankError, RuntimeError),

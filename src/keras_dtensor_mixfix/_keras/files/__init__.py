@@ -5,6 +5,7 @@
 - :mod:`.rank_zero_gather`: whole values assembled on rank 0 only;
 - :mod:`.callback_files`: Keras' file-writing callbacks write once, the ranks in step;
 - :mod:`.sharded_checkpoint`: a model's state as a ``torch.distributed.checkpoint`` state dict;
+- :mod:`.commits`: saves seen whole or not at all: files staged beside their targets, committed by renames;
 - :mod:`.array_proxy`: a NumPy array whose values are produced only when used;
 - :mod:`.memory`: the memory a save, a load or a build freed, given back to the system.
 """

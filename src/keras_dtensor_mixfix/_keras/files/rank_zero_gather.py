@@ -44,6 +44,18 @@ def from_rank_zero(value: int) -> int:
     return int(word.item())
 
 
+def barrier() -> None:
+    """Every rank of the default group waits for the others. On a gloo group, torch's monitored barrier: a rank that
+    does not arrive within the group's timeout is named in rank 0's error (``Rank 1 failed to pass
+    monitoredBarrier``) instead of every rank timing out alike."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == dist.Backend.GLOO:
+        dist.monitored_barrier()
+    else:
+        dist.barrier()
+
+
 def announce_end(failed: bool) -> None:
     """Rank 0: the save is over (every weight written, or it raised)."""
     global _outstanding

@@ -9,6 +9,11 @@ the small rest (a ``.keras`` archive's configuration and assets) goes to a tempo
 
 Loading (:mod:`.slice_loading`): each rank reads from the h5 file only the slice of each weight its own piece holds.
 
+A save is atomic to a reader (:mod:`.commits`): rank 0 writes the file into a staging folder beside it and, once the
+save has succeeded, moves it over the old one (one rename) before any rank returns; inside a callback's hook the
+file joins the hook's unit, committed with the hook's other files. A rank killed at any point leaves the old file or
+the new one. A load first finishes a commit a killed rank left half done in the file's folder.
+
 Both take Keras' path for models too large for memory: a ``.keras`` archive's weights file is built on disk beside
 the archive when saving, and extracted beside it (a temporary copy per process) when loading, instead of being held
 in memory whole.
@@ -21,13 +26,13 @@ import functools
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere, replaced_for_the_call
-from . import callback_files, rank_zero_gather, slice_loading
+from . import callback_files, commits, rank_zero_gather, slice_loading
 from .memory import return_freed_memory
 
 WEIGHT_STORES = ("H5IOStore", "ShardedH5IOStore", "NpzIOStore")
@@ -57,9 +62,12 @@ def _rank_zero_writes(original: Callable[..., Any]) -> Callable[..., Any]:
         if not rank_zero_gather.multi_process():
             return original(model, filepath, *args, **kwargs)
         try:
+            hook_unit = callback_files.current_unit()
             with callback_files.outside_callback_writes():  # inside a callback's hook: this divides its own work
                 if dist.get_rank() == 0:
-                    return _save_on_rank_zero(original, model, filepath, *args, **kwargs)
+                    return _save_on_rank_zero(original, model, filepath, hook_unit, *args, **kwargs)
+                if hook_unit is not None and _staged(filepath):
+                    hook_unit.stage(os.fspath(filepath))  # every rank keeps the hook's unit alike
                 return _save_elsewhere(original, model, filepath, *args, **kwargs)
         finally:
             return_freed_memory()
@@ -67,11 +75,22 @@ def _rank_zero_writes(original: Callable[..., Any]) -> Callable[..., Any]:
     return save
 
 
+def _staged(filepath: Any) -> bool:
+    """Whether a save to ``filepath`` is staged and committed (a local path; Keras writes a remote one, or a file
+    object, itself)."""
+    return isinstance(filepath, (str, os.PathLike)) and not keras_modules.file_utils().is_remote_path(filepath)
+
+
 def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
         if not rank_zero_gather.multi_process():
             return original(*args, **kwargs)
+        filepath = kwargs.get("filepath", args[1] if original.__name__ == "load_weights_only" and len(args) > 1
+                              else args[0] if args else None)
+        if _staged(filepath):
+            callback_files.flush_if_touched(filepath)  # a file the running hook wrote is in place before it is read
+            callback_files.recover(filepath)
         try:
             with callback_files.outside_callback_writes(), slice_loading.reading_slices(), _weights_file_on_disk():
                 return original(*args, **kwargs)
@@ -81,15 +100,22 @@ def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
     return load
 
 
-def _save_on_rank_zero(original: Callable[..., Any], model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+def _save_on_rank_zero(original: Callable[..., Any], model: Any, filepath: Any, hook_unit: Optional[commits.Unit],
+                       *args: Any, **kwargs: Any) -> Any:
     failed = True
+    unit = (hook_unit or commits.Unit()) if _staged(filepath) else None
     try:
+        target = filepath if unit is None else unit.stage_on_disk(os.fspath(filepath))
         with _converting_dtensors(rank_zero_gather.gather_whole, rank_zero_gather.pending_whole), \
                 _weights_file_on_disk(), _weight_stores(_streaming_store):
-            result = original(model, filepath, *args, **kwargs)
+            result = original(model, target, *args, **kwargs)
+        if unit is not None and unit is not hook_unit:
+            commits.commit(unit)  # before any rank returns: the file is in place when save() does
         failed = False
         return result
     finally:
+        if failed and unit is not None and unit is not hook_unit:
+            commits.discard(unit)
         rank_zero_gather.announce_end(failed)
 
 

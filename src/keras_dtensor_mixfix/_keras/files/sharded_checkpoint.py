@@ -4,23 +4,35 @@ Each variable is keyed by its Keras path (``model/<path>``, ``optimizer/<path>``
 the tensor it holds: a DTensor under a layout, so that every rank writes and reads only its own pieces and DCP
 reshards on load (another mesh shape, another world size, one process), or a plain tensor, which DCP writes once.
 Loading copies into those very tensors, so the optimizer and the layers keep the objects they hold.
+
+A save is atomic to a reader (:mod:`.commits`): DCP writes into the checkpoint folder's staging folder, and once it
+has returned on every rank (its ``.metadata``, written last, is there) rank 0 moves the files into the folder, the old
+``.metadata`` removed first and the new one moved last, after a commit record that a later load finishes if the
+commit was stopped. A rank killed at any point leaves the previous checkpoint, the new one, or (in a folder that held
+none) no ``.metadata``, which ``load`` reports as :class:`~keras_dtensor_mixfix.IncompleteCheckpointError`, naming the
+complete checkpoints beside it. The folder must be one every rank sees (a shared file system), as DCP's own loads
+need.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from typing import Any, Callable, Dict, Iterator, List
 
-from ..._rules.errors import InvalidArgumentError
+from ..._rules.errors import IncompleteCheckpointError, InvalidArgumentError
 from ..boundary import keras_modules, keras_private
+from . import commits, rank_zero_gather
 from .memory import return_freed_memory
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 MODEL_PREFIX = "model/"
 OPTIMIZER_PREFIX = "optimizer/"
+METADATA = ".metadata"
+"""DCP's metadata file: what a reader opens first, written last."""
 
 
 def keyed_variables(model: Any, include_optimizer: bool) -> Dict[str, Any]:
@@ -80,10 +92,37 @@ def save(model: Any, path: str, include_optimizer: bool) -> List[str]:
     _require_built(model)
     keyed = keyed_variables(model, include_optimizer)
     state = {key: _tensor_of(key, variable) for key, variable in keyed.items()}
+    folder = os.path.abspath(path)
+    distributed = _distributed()
+    writes = not distributed or _rank() == 0
+    if writes:
+        os.makedirs(folder, exist_ok=True)
+        commits.prepare_staging(folder)
+    if distributed:
+        rank_zero_gather.barrier()  # the staging folder is empty before any rank writes into it
     with _one_process_said():
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=not _distributed())
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(folder, commits.STAGING)),
+                 no_dist=not distributed)
+    # DCP returns on every rank once its coordinator has written .metadata: every file is in the staging folder
+    if writes:
+        unit = commits.Unit()
+        unit.stage(os.path.join(folder, METADATA))
+        unit.entries[folder] = METADATA
+        written = set(os.listdir(os.path.join(folder, commits.STAGING)))
+        for name in _dcp_files(folder):
+            if name not in written:
+                unit.delete(os.path.join(folder, name))  # the previous checkpoint's, which this one replaces
+        commits.commit(unit)
+    if distributed:
+        rank_zero_gather.barrier()  # no rank returns before the checkpoint is in place
     return_freed_memory()
     return list(keyed)
+
+
+def _dcp_files(folder: str) -> List[str]:
+    """The files of a DCP checkpoint in ``folder`` (its metadata and its ranks' data files)."""
+    return sorted(name for name in os.listdir(folder)
+                  if name == METADATA or (name.startswith("__") and name.endswith(".distcp")))
 
 
 def load(model: Any, path: str, include_optimizer: bool, strict: bool) -> List[str]:
@@ -92,6 +131,7 @@ def load(model: Any, path: str, include_optimizer: bool, strict: bool) -> List[s
 
     _require_torch_backend()
     _require_built(model)
+    _require_complete(os.path.abspath(path))
     reader = dcp.FileSystemReader(str(path))
     saved = reader.read_metadata().state_dict_metadata
     keyed = keyed_variables(model, include_optimizer=False)
@@ -125,6 +165,57 @@ def load(model: Any, path: str, include_optimizer: bool, strict: bool) -> List[s
         log.warning("keras_dtensor_mixfix.checkpoint.load: %d variables not in the checkpoint kept their values "
                     "(first: %s)", len(missing), ", ".join(missing[:5]))
     return list(state)
+
+
+def _require_complete(folder: str) -> None:
+    """Finish a commit stopped in ``folder`` (rank 0, the others waiting), then refuse a folder without a complete
+    checkpoint; note a later save there that did not finish."""
+    distributed = _distributed()
+    if not distributed or _rank() == 0:
+        commits.finish_interrupted(folder)
+    if distributed:
+        rank_zero_gather.barrier()
+    if not os.path.isfile(os.path.join(folder, METADATA)):
+        raise IncompleteCheckpointError(_incomplete_message(folder))
+    if commits.unfinished_save(folder):
+        log.warning("keras_dtensor_mixfix.checkpoint.load: a later save into %s did not finish (it left %s); "
+                    "loading the complete checkpoint saved there before it", folder, commits.STAGING)
+
+
+def _incomplete_message(folder: str) -> str:
+    if not os.path.isdir(folder):
+        what = f"there is no checkpoint at {folder}: the folder does not exist"
+    elif commits.unfinished_save(folder):
+        what = (f"the checkpoint at {folder} is incomplete: a save into it began and did not finish (a rank stopped "
+                f"during it; what it wrote is in {os.path.join(folder, commits.STAGING)}, without the {METADATA} "
+                "DCP writes last), and the folder held no complete checkpoint before it")
+    else:
+        what = (f"{folder} holds no complete checkpoint: there is no {METADATA} (a save that was stopped before "
+                "writing it, without this package, or a folder no checkpoint was saved into)")
+    beside = _complete_checkpoints_beside(folder)
+    found = (f"the complete checkpoints beside it, newest first: {', '.join(beside)}" if beside
+             else "there is no complete checkpoint beside it")
+    return (f"keras_dtensor_mixfix.checkpoint.load: {what}; {found}. Load one of those (or start from the initial "
+            "weights), and save again; a checkpoint saved by keras_dtensor_mixfix.checkpoint.save is complete or "
+            "absent, never a mix")
+
+
+def _complete_checkpoints_beside(folder: str, limit: int = 5) -> List[str]:
+    parent = os.path.dirname(folder.rstrip(os.sep))
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    found = [os.path.join(parent, name) for name in names
+             if os.path.join(parent, name) != folder and os.path.isfile(os.path.join(parent, name, METADATA))]
+    found.sort(key=lambda candidate: os.path.getmtime(os.path.join(candidate, METADATA)), reverse=True)
+    return found[:limit]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
 
 
 def _distributed() -> bool:
