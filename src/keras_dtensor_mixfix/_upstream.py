@@ -45,6 +45,8 @@ class Workaround(enum.Enum):
     COMPILE_CACHE_KEY = "compile cache key"
     """What a compiled Keras step puts in torch.compile's cache keys while it compiles (``_keras/step/compile.py``,
     through ``_torch/api.py``)."""
+    PROCESS_GROUP_STORE = "process group store"
+    """Where the process group the package creates keeps its keys (``_keras/backend/distribution_lib.py``)."""
     DOCUMENTED = "documented"
     """Nothing the package can change: the error or limit is named in the documentation."""
 
@@ -156,6 +158,10 @@ DEFECTS: Tuple[Defect, ...] = (
            Workaround.DOCUMENTED, "docs/keras.md",
            "AOTAutograd's on-disk cache bypasses a graph in which TorchDynamo traced an operator on a NumPy value "
            "(keras_hub Gemma's 1 / np.sqrt(head_dim)): it is traced again at every launch"),
+    Defect("elastic_restart_stale_gloo_address", "torch", "torch_elastic_restart_stale_gloo_address.py", _EVERY, (),
+           Workaround.PROCESS_GROUP_STORE, "_keras/backend/distribution_lib.py",
+           "after torchrun restarts its workers, init_process_group reads the address a dead worker left in the "
+           "agent's store and gloo fails to connect (Connection refused)"),
     Defect("gloo_exit_abort", "torch", "torch_gloo_exit_abort.py", ((2, 12), (2, 13), (2, 15)), (),
            Workaround.DOCUMENTED, "docs/troubleshooting.md",
            "a gloo program that finished correctly sometimes aborts at exit (a C++ thread still joinable)"),

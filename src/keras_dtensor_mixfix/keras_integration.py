@@ -39,9 +39,10 @@ from rank 0 only, and while the package is patched our promotion replaces Keras'
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 from ._keras.backend import backend_lib, values, variables
 from ._keras.boundary import keras_modules
@@ -58,7 +59,7 @@ from ._rules.errors import UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
-__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "writes_once",
+__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "set_collective_timeout", "writes_once",
            "UnsupportedKerasError"]
 
 
@@ -150,6 +151,23 @@ def set_compile_unit(unit: Optional[str]) -> None:
         InvalidArgumentError: ``unit`` is none of those.
     """
     layer_compile.set_compile_unit(unit)
+
+
+def set_collective_timeout(timeout: Union[float, datetime.timedelta, None]) -> None:
+    """How long a collective of the process group ``keras.distribution.initialize()`` creates (Keras 3.12 to 3.15:
+    the package's ``distribution_lib``) waits for every rank before it raises, for groups created from now on.
+
+    Args:
+        timeout: seconds, or a ``datetime.timedelta``; None: back to ``KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT``'s
+            value (seconds), else the default, 600 s (NCCL's own default; gloo's is 30 minutes). A rank that stops
+            taking part without exiting (it caught an error and waits) then ends the job within it.
+
+    Raises:
+        InvalidArgumentError: ``timeout`` is not a positive number of seconds, a ``timedelta`` or None.
+    """
+    from ._keras.backend import distribution_lib  # imported where Keras asks for it: torch.distributed comes with it
+
+    distribution_lib.set_collective_timeout(timeout)
 
 
 def install(allow_newer_keras: Optional[bool] = None) -> bool:

@@ -22,13 +22,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
 
 from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
+from test_keras import KERAS_OWN_DISTRIBUTION
 from test_keras_callbacks import _distributed, _model_and_data
+
+REPROS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros")
+ours_initialize = pytest.mark.skipif(
+    KERAS_OWN_DISTRIBUTION, reason="Keras 3.16 creates the process group itself (its own initialize): the package's "
+                                   "timeout and restart store apply to the group keras.distribution.initialize() "
+                                   "makes on Keras 3.12 to 3.15")
 
 KILLED = 86
 """The exit code of a rank killed by a test."""
@@ -318,3 +326,108 @@ def test_a_backup_killed_at_any_point_resumes_from_the_last_complete_one(tmp_pat
         expected += ["latest.weights.h5.bkp", "training_metadata.json.bkp"]
     assert left == sorted(expected), left  # no staging folder, no record
     shutil.rmtree(folder)
+
+
+# ----------------------------------------------------------------------------- a rank that stalls
+
+STALL_TIMEOUT_S = 5
+"""The collective timeout the stall tests set (``KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT``)."""
+
+
+def stalled_rank(mode):
+    """One rank of a 2-rank job started by ``keras.distribution.initialize()`` (torchrun's environment): rank 1 stops
+    taking part without exiting (it catches its error and waits, as a program that logs and writes a report does);
+    rank 0 reports how long it waited before its collective raised."""
+    import time
+
+    import keras
+    import torch.distributed as dist
+
+    from keras_dtensor_mixfix import keras_integration
+
+    keras_integration.install()
+    keras.distribution.initialize()
+    rank = dist.get_rank()
+    waited_since = [time.monotonic()]
+    try:
+        if mode == "barrier":  # the barrier after a callback's writes, a save's end
+            from keras_dtensor_mixfix._keras.files import rank_zero_gather
+
+            if rank == 1:
+                raise RuntimeError("rank 1 failed")
+            waited_since[0] = time.monotonic()
+            rank_zero_gather.barrier()
+        else:
+            with _distributed((1, 2)) as batch_size:
+                model, x, y = _model_and_data(True)
+
+                class Fails(keras.callbacks.Callback):
+                    def on_train_batch_begin(self, batch, logs=None):
+                        waited_since[0] = time.monotonic()
+                        if rank == 1 and batch == 1:
+                            raise RuntimeError("rank 1 failed")
+
+                model.fit(x, y, batch_size=batch_size, epochs=20, verbose=0, shuffle=False, callbacks=[Fails()])
+    except RuntimeError as error:
+        if rank == 1:
+            print("rank 1 caught its error and waits", flush=True)
+            time.sleep(300)
+            return
+        print(f"rank 0 waited {time.monotonic() - waited_since[0]:.1f} s: {type(error).__name__}: {error}", flush=True)
+        raise SystemExit(3)
+
+
+def _stalled_job(mode):
+    import re
+    import subprocess
+    import sys
+
+    from keras_dtensor_mixfix.testing import _free_port
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               GLOO_SOCKET_IFNAME="lo", KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT=str(STALL_TIMEOUT_S),
+               PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    program = f"import test_keras_faults as faults; faults.stalled_rank({mode!r})"
+    ranks = [subprocess.Popen([sys.executable, "-c", program], env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        output, _ = ranks[0].communicate(timeout=180)
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    assert ranks[0].returncode == 3, output[-3000:]
+    waited = float(re.search(r"rank 0 waited ([0-9.]+) s", output).group(1))
+    return waited, output
+
+
+@ours_initialize
+@pytest.mark.parametrize("mode", ["fit", "barrier"])
+def test_a_rank_that_stalls_ends_the_job_within_the_collective_timeout(mode):
+    """Without the timeout the other rank waits torch's gloo default, 30 minutes; the test's own limit is 3."""
+    waited, output = _stalled_job(mode)
+    assert STALL_TIMEOUT_S - 1 <= waited <= STALL_TIMEOUT_S + 20, output[-3000:]
+    if mode == "barrier":  # torch's monitored barrier names the rank that did not arrive
+        assert "Rank 1 failed to pass monitoredBarrier" in output, output[-3000:]
+
+
+# ----------------------------------------------------------------------------- torchrun's restarts
+
+
+@ours_initialize
+def test_a_torchrun_restart_rejoins_through_keras_distribution_initialize():
+    """The torch repro's restarted job (rank 1 dies, its new incarnation starts late), with the group made by
+    ``keras.distribution.initialize()``: the new workers connect, where torch's ``init_process_group`` alone reads the
+    dead worker's address (``tests/patterns/test_torch_repros.py``)."""
+    sys.path.insert(0, REPROS)
+    try:
+        import torch_elastic_restart_stale_gloo_address as repro
+    finally:
+        sys.path.remove(REPROS)
+    call = 'dist.init_process_group("gloo")'
+    assert call in repro.PROGRAM
+    program = repro.PROGRAM.replace(call, "import keras; from keras_dtensor_mixfix import keras_integration; "
+                                          "keras_integration.install(); keras.distribution.initialize()")
+    worked, output = repro.restarted(program=program, env={"KERAS_BACKEND": "torch"})
+    assert worked, output[-3000:]

@@ -40,6 +40,7 @@ import torch_dtensor_argmax_compiled  # noqa: E402
 import torch_dtensor_one_hot_compiled  # noqa: E402
 import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
 import torch_dynamo_hasattr_dtensor  # noqa: E402
+import torch_elastic_restart_stale_gloo_address  # noqa: E402
 import torch_embedding_mask_2d  # noqa: E402
 import torch_flip_no_strategy  # noqa: E402
 import torch_foreach_inplace_partial  # noqa: E402
@@ -156,6 +157,11 @@ def test_meshes_keyed_by_their_groups_make_a_second_launch_reuse_the_graph():
         f"with device_meshes_keyed_by_groups():\n    {call}"))
     counts = torch_fx_graph_cache_device_mesh_hash.launched_twice(launch)
     assert counts[0].get("fxgraph_cache_miss") == 1 and counts[1] == {"fxgraph_cache_hit": 1}, counts
+
+
+@torch_bug(torch_elastic_restart_stale_gloo_address)
+def test_a_torchrun_restart_gives_the_new_workers_a_store_without_the_dead_ones_keys():
+    _run_repro(torch_elastic_restart_stale_gloo_address.repro, "AssertionError", "left in the store", world_size=1)
 
 
 @torch_bug(torch_aot_autograd_cache_numpy_operator)

@@ -32,9 +32,13 @@ KERAS_COMPILE_UNIT = "KERAS_DTENSOR_MIXFIX_COMPILE_UNIT"
 """``layer`` (default) or ``step``: what Keras' ``jit_compile=True`` compiles under a distribution, each distinct
 repeated block once or the whole step (``keras_integration.set_compile_unit`` for one process)."""
 
+COLLECTIVE_TIMEOUT = "KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT"
+"""Seconds a collective of a process group the package creates (``keras.distribution.initialize()`` on Keras 3.12 to
+3.15) waits for every rank before it raises (``keras_integration.set_collective_timeout`` for one process)."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT}
+_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT, COLLECTIVE_TIMEOUT}
 
 _warned: Set[Tuple[str, ...]] = set()
 _warned_lock = threading.Lock()
@@ -90,6 +94,23 @@ def allow_newer_torch(environ: Mapping[str, str] = os.environ) -> bool:
 def allow_newer_keras(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS`` opts in to a Keras newer than the newest tested one."""
     return _opted_in(ALLOW_NEWER_KERAS, environ, "a newer Keras stays refused (the default)")
+
+
+def collective_timeout_s(environ: Mapping[str, str] = os.environ) -> Optional[float]:
+    """``KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT`` in seconds (a positive number), or None where it is unset or
+    malformed (which warns once)."""
+    raw = environ.get(COLLECTIVE_TIMEOUT)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        _warn_once(COLLECTIVE_TIMEOUT, raw, "keras_dtensor_mixfix: ignoring %s=%r: expected a number of seconds above "
+                   "0; using the default", COLLECTIVE_TIMEOUT, raw)
+        return None
+    return seconds
 
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> Tuple["Options", dict]:

@@ -30,7 +30,7 @@ __all__ = [
     "clear_sharding_cache", "dispatch_rule_for", "register_dispatch_rule", "shadow_register", "registration_handle",
     "is_traced", "current_compile_id",
     "aot_autograd_cache", "skipping_save", "cache_key_tagged", "device_meshes_keyed_by_groups", "device_mesh_cache_key",
-    "reset_compiled_code", "is_masked_partial",
+    "reset_compiled_code", "is_masked_partial", "elastic_attempt_on_agent_store",
     "is_exactly",
 ]
 
@@ -390,3 +390,22 @@ def dynamo_error_classes() -> Tuple[type, ...]:
 def reset_compiled_code() -> None:
     """Drop torch.compile's in-memory compiled code, so every compiled function recompiles on its next call."""
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- torchrun's worker environment
+# torchrun's agent tells its workers whether they build their process group on its own TCP store
+# (``TORCHELASTIC_USE_AGENT_STORE``, read by ``torch.distributed.rendezvous._torchelastic_use_agent_store``), which
+# outlives a restart, and which attempt they are (``TORCHELASTIC_RESTART_COUNT``).
+
+
+def elastic_attempt_on_agent_store() -> Optional[int]:
+    """The restart count of this torchrun worker where its process group goes on the agent's own store (shared by
+    every attempt); None outside torchrun or where each attempt gets a store of its own."""
+    import os
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # torch.distributed.rendezvous: a function
+
+    if not rendezvous._torchelastic_use_agent_store():
+        return None
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(count) if count.isdigit() else None

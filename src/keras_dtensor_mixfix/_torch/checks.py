@@ -20,6 +20,7 @@ from .checks_dtensor import (check_api_imports, check_dtensor_attributes, check_
                              check_local_shape_and_offset, check_masked_partial,
                              check_mixed_operand_error, check_redistribute_local_tensor, check_sharding_cache_clear,
                              check_sharding_propagation, check_special_ops)
+from .checks_launch import check_elastic_agent_store
 from .probe import Check
 
 CHECKS: Dict[str, Check] = {check.name: check for check in (
@@ -57,5 +58,7 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("device_mesh_cache_key", "torch._inductor.codecache.FxGraphCachePickler.__init__, dispatch_table",
           check_device_mesh_cache_key),
     Check("dynamo_reset", "torch._dynamo.reset", check_dynamo_reset),
+    Check("elastic_agent_store", "torch.distributed.rendezvous._torchelastic_use_agent_store",
+          check_elastic_agent_store),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a torch where it fails)."""

@@ -10,16 +10,19 @@ the layout puts that mesh axis on tensor dim ``d``, else ``Replicate()`` (:mod:`
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..._rules import env
 from ..._rules.errors import InvalidArgumentError
 from ..boundary import keras_modules
+from ..files import rank_zero_gather
 from ..files.rank_zero_gather import from_rank_zero
 from . import cuda_devices
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
@@ -60,9 +63,41 @@ def process_id() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+"""How long a collective of the group :func:`initialize` creates waits for every rank before it raises: NCCL's own
+default, for gloo too (whose own is 30 minutes), so that a job with a rank that stopped without exiting ends within
+ten minutes, while a first compiled step or a save of a large model on rank 0 (minutes) stays well inside it."""
+
+_timeout_override: List[Optional[float]] = [None]
+
+
+def set_collective_timeout(timeout: Union[float, datetime.timedelta, None]) -> None:
+    """The timeout of the process group :func:`initialize` creates from now on (seconds or a ``timedelta``); None goes
+    back to ``KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT``'s, else :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`."""
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+                                or timeout == float("inf")):
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: set_collective_timeout({timeout!r}): expected a number of "
+                                   "seconds above 0, a datetime.timedelta, or None for "
+                                   f"{env.COLLECTIVE_TIMEOUT}'s (default {DEFAULT_COLLECTIVE_TIMEOUT_S:g} s)")
+    _timeout_override[0] = None if timeout is None else float(timeout)
+
+
+def collective_timeout() -> datetime.timedelta:
+    """The timeout in force: :func:`set_collective_timeout`'s, else the environment's, else the default."""
+    seconds = _timeout_override[0]
+    if seconds is None:
+        seconds = env.collective_timeout_s()
+    return datetime.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S if seconds is None else seconds)
+
+
 def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int] = None,
                process_id: Optional[int] = None) -> None:
     """Start the process group (torchrun's ``env://`` unless addresses are given) and agree on a seed.
+
+    Its collectives time out after :func:`collective_timeout` (default 10 minutes; torch's own defaults are 10 for
+    NCCL, 30 for gloo): a rank that stops taking part without exiting ends the job with an error then.
 
     With CUDA, each rank's current device is set from ``LOCAL_RANK`` *before* the group is built (also when it
     already exists, and when CUDA was touched before: :func:`.cuda_devices.select_device`), the group built is
@@ -74,14 +109,37 @@ def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int]
     cuda_devices.select_device()
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+        timeout = collective_timeout()
         if job_addresses:
             coordinator = job_addresses.split(",")[0].strip()
             dist.init_process_group(backend, init_method=f"tcp://{coordinator}", world_size=num_processes,
-                                    rank=process_id)
+                                    rank=process_id, timeout=timeout)
         else:
-            dist.init_process_group(backend)
+            store = _attempt_store(timeout)
+            if store is None:
+                dist.init_process_group(backend, timeout=timeout)
+            else:
+                dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                        world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+        rank_zero_gather.created_group(timeout)
+        log.info("keras_dtensor_mixfix: process group %s, collective timeout %g s", backend, timeout.total_seconds())
     cuda_devices.check_one_rank_per_device()
     _agree_on_seed()
+
+
+def _attempt_store(timeout: datetime.timedelta) -> Optional[Any]:
+    """Under torchrun, where the group goes on the agent's store (which outlives a restart): that store under a
+    prefix of this attempt, so that no worker of a restarted job reads an address a dead worker left there
+    (``repros/torch_elastic_restart_stale_gloo_address.py``); None elsewhere: torch's own ``env://``."""
+    from ..._torch.api import elastic_attempt_on_agent_store
+    from ..._torch.versions import has_defect, running_torch_version
+
+    attempt = elastic_attempt_on_agent_store()
+    if attempt is None or not has_defect("elastic_restart_stale_gloo_address", running_torch_version()):
+        return None
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"keras_dtensor_mixfix/attempt-{attempt}", agent_store)
 
 
 def _agree_on_seed() -> None:

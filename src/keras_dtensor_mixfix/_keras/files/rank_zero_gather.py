@@ -44,14 +44,27 @@ def from_rank_zero(value: int) -> int:
     return int(word.item())
 
 
-def barrier() -> None:
-    """Every rank of the default group waits for the others. On a gloo group, torch's monitored barrier: a rank that
-    does not arrive within the group's timeout is named in rank 0's error (``Rank 1 failed to pass
-    monitoredBarrier``) instead of every rank timing out alike."""
+_created_group: List[Optional[Tuple[Any, Any]]] = [None]
+
+
+def created_group(timeout: Any) -> None:
+    """The default group was just created by the package (``keras.distribution.initialize()`` on Keras 3.12 to 3.15)
+    with collective timeout ``timeout`` (a ``timedelta``)."""
     import torch.distributed as dist
 
-    if dist.get_backend() == dist.Backend.GLOO:
-        dist.monitored_barrier()
+    _created_group[0] = (dist.group.WORLD, timeout)
+
+
+def barrier() -> None:
+    """Every rank of the default group waits for the others. On a gloo group the package created, torch's monitored
+    barrier with that group's timeout: a rank that does not arrive is named in rank 0's error (``Rank 1 failed to
+    pass monitoredBarrier``) instead of every rank timing out alike (torch's monitored barrier would otherwise wait
+    gloo's default, 30 minutes, whatever the group's own timeout)."""
+    import torch.distributed as dist
+
+    created = _created_group[0]
+    if created is not None and created[0] is dist.group.WORLD and dist.get_backend() == dist.Backend.GLOO:
+        dist.monitored_barrier(timeout=created[1])
     else:
         dist.barrier()
 
