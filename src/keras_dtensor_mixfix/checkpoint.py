@@ -9,7 +9,9 @@ The checkpoint is a directory in DCP's format, so torch tools read it too
 (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` makes one ``torch.save`` file of it). Keys are
 ``model/<variable path>`` and ``optimizer/<variable path>``.
 
-Call both functions on every rank (they are collective), after the model is built.
+Call both functions on every rank (they are collective), after the model is built. A save is atomic to a reader: a
+rank killed at any point of it leaves the previous checkpoint in the directory, or the new one, never a mix (the
+files are staged and committed by renames once every rank has written; docs/keras.md, "Faults and restarts").
 
 Example::
 
@@ -38,7 +40,8 @@ def save(model: Any, path: PathLike, *, include_optimizer: bool = True) -> List[
 
     Args:
         model: a built Keras model (torch backend), sharded by a ``keras.distribution`` or not.
-        path: the checkpoint directory; created if missing, its files replaced.
+        path: the checkpoint directory, seen by every rank (a shared file system); created if missing. A checkpoint
+            already there is replaced as a whole once the new one is complete; other files in it are left alone.
         include_optimizer: also write the optimizer's variables (its step count and slots), as Keras'
             ``save_weights`` does.
 
@@ -70,5 +73,8 @@ def load(model: Any, path: PathLike, *, include_optimizer: bool = True, strict: 
 
     Raises:
         InvalidArgumentError: a variable is missing from the checkpoint (``strict``), or has another shape there.
+        IncompleteCheckpointError: ``path`` holds no complete checkpoint (a save into it did not finish, or none was
+            made there); the message names the complete checkpoints beside it. A save into a directory that already
+            held a checkpoint, stopped before its commit, leaves that checkpoint, which loads (with a warning).
     """
     return sharded_checkpoint.load(model, os.fspath(path), include_optimizer, strict)
