@@ -106,6 +106,8 @@ def _save_on_rank_zero(original: Callable[..., Any], model: Any, filepath: Any, 
     unit = (hook_unit or commits.Unit()) if _staged(filepath) else None
     try:
         target = filepath if unit is None else unit.stage_on_disk(os.fspath(filepath))
+        if unit is not None and target.endswith(".json"):  # a sharded weights file: its shards beside it, named there
+            unit.entries[os.path.dirname(os.path.dirname(target))] = os.path.basename(target)
         with _converting_dtensors(rank_zero_gather.gather_whole, rank_zero_gather.pending_whole), \
                 _weights_file_on_disk(), _weight_stores(_streaming_store):
             result = original(model, target, *args, **kwargs)
