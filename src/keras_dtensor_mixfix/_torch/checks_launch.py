@@ -8,24 +8,16 @@ from .probe import Probe, api_module, require
 def check_elastic_agent_store(probe: Probe) -> str:
     import importlib
     import os
+    from unittest import mock
 
     rendezvous = importlib.import_module("torch.distributed.rendezvous")  # torch.distributed.rendezvous: a function
 
     reads = getattr(rendezvous, "_torchelastic_use_agent_store", None)
     require(callable(reads), "torch.distributed.rendezvous._torchelastic_use_agent_store is missing")
-    names = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
-    saved = {name: os.environ.get(name) for name in names}
-    try:
-        os.environ.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="2")
+    with mock.patch.dict(os.environ, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="2"):
         shared = reads(), api_module().elastic_attempt_on_agent_store()
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
         own = reads(), api_module().elastic_attempt_on_agent_store()
-        require(shared == (True, 2) and own == (False, None),
-                f"TORCHELASTIC_USE_AGENT_STORE no longer decides the store: {shared}, {own}")
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    require(shared == (True, 2) and own == (False, None),
+            f"TORCHELASTIC_USE_AGENT_STORE no longer decides the store: {shared}, {own}")
     return "TORCHELASTIC_USE_AGENT_STORE=True: a worker's group goes on the agent's store; its attempt is read"
