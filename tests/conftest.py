@@ -23,13 +23,16 @@ FOLDER_MARKERS = {
     "keras": ("keras_integration", "models"),
     "models": ("models",),
     "transformers": ("transformers_tp",),
+    "simulated": ("simulated",),
 }
-"""Each marker and the folders (under tests/) whose tests carry it; a test outside ``unit/`` is also ``ranks``.
+"""Each marker and the folders (under tests/) whose tests carry it; a test outside ``unit/`` and ``simulated/`` is also
+``ranks``.
 
 The layout mirrors the package's layers (docs/architecture.md): ``unit/<layer>/`` runs in one process without a
 process group; beside it, the multi-rank scenarios of each layer (``engine/``, ``lifecycle/``,
 ``keras_integration/``), the
-differential corpus (``differential/``), real models (``models/``: keras_hub and JAX references, CI runs them in
+differential corpus (``differential/``), the same promotions at 8 to 512 ranks under torch's rank simulator in this
+one process (``simulated/``), real models (``models/``: keras_hub and JAX references, CI runs them in
 their own environment), ``transformers_tp/``, the public surfaces (``surfaces/``), reported failure patterns and
 torch repros (``patterns/``) and the project's own files (``project/``: README, links, pyproject). tests/ is on
 ``sys.path`` (the shared helpers live there), so a folder must not be named like a package a test imports: a
@@ -51,6 +54,8 @@ _PLUGIN_MARKER = "mixfix"
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/<layer>/)")
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
+    config.addinivalue_line("markers", "simulated: 8 to 512 ranks under torch's rank simulator (LocalTensorMode on the "
+                                       "fake process group), in the pytest process (tests/simulated/)")
     config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/models/); they skip without "
                                        "keras_hub or jax")
     config.addinivalue_line("markers", "keras: the Keras integration's multi-rank tests (tests/keras_integration/, tests/models/); CI runs "
@@ -72,7 +77,7 @@ def pytest_collection_modifyitems(config, items):
         for marker, folders in FOLDER_MARKERS.items():
             if any(_in_folder(path, folder) for folder in folders):
                 item.add_marker(getattr(pytest.mark, marker))
-        if not _in_folder(path, "unit"):
+        if not _in_folder(path, "unit") and not _in_folder(path, "simulated"):
             item.add_marker(pytest.mark.ranks)
         slow = item.get_closest_marker("slow")
         if slow is not None and os.environ.get("MIXFIX_TEST_SLOW") != "1":

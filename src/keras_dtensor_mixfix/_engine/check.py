@@ -3,13 +3,14 @@
 ``patch(check="warn"|"raise")``. A ``"replicate"`` operand must be the same whole tensor on every
 rank of the mesh; a ``"local"`` operand must have, on every rank, the shape its global shape
 implies. Each check is a collective over the mesh (so every rank must run the same ops, as
-DTensor code does anyway): one ``all_gather_object`` of a small digest per mesh dim. It is skipped while
-torch.compile traces. ``check="off"`` (the default) costs nothing.
+DTensor code does anyway): one all-gather into a tensor per mesh dim of a few int64 numbers (the shape, and a
+fingerprint of the bytes for a replicate check), on the mesh's device. Being tensor collectives, the checks also run
+under torch's rank simulator (``LocalTensorMode``), where each simulated rank's value is its own. They are skipped
+while torch.compile traces. ``check="off"`` (the default) costs nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from typing import Any, List, Sequence, Tuple
@@ -25,33 +26,50 @@ CHECK_MODES = ("off", "warn", "raise")
 __all__ = ["CHECK_MODES", "ReplicationCheckError", "ReplicationCheckWarning", "check_local", "check_replicated"]
 
 
-def _digest(tensor: torch.Tensor) -> str:
-    data = tensor.detach().contiguous().cpu()
-    if data.dtype == torch.bfloat16:
-        data = data.view(torch.int16)
-    return hashlib.sha1(data.numpy().tobytes()).hexdigest() + str(tuple(tensor.shape))
+_PRIME = 2**31 - 1
+_WORDS = {1: torch.uint8, 2: torch.int16}
+"""The integer view of a tensor's bytes by element size (4 bytes and more: int32 words)."""
 
 
-def _gather(mesh: Any, mesh_dim: int, value: Any) -> List[Any]:
+def _fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    """Three int64 numbers that tell, with near certainty, whether two tensors hold the same bytes at the same
+    positions (an accidental difference between ranks, not an adversary: not a cryptographic digest). Computed with
+    tensor ops on the tensor's device, so that each rank's value is its own wherever a rank is a value of a tensor
+    (torch's rank simulator), and with no integer overflow (each word and position taken modulo 2**31 - 1)."""
+    flat = tensor.detach().reshape(-1)
+    words = flat.view(_WORDS.get(flat.element_size(), torch.int32)).to(torch.int64) % _PRIME
+    positions = torch.arange(words.numel(), device=words.device, dtype=torch.int64) % _PRIME
+    mixed = (words * 48271 + positions * 16807 + 1) % _PRIME
+    squared = (mixed * mixed + positions * 69621) % _PRIME
+    return torch.stack([words.sum(), mixed.sum(), squared.sum()])
+
+
+def _report_tensor(numbers: Sequence[Any], device: torch.device) -> torch.Tensor:
+    """``numbers`` (ints, per-rank sizes, or 0-dim tensors) as one int64 tensor on ``device``."""
+    return torch.stack([number.to(torch.int64) if isinstance(number, torch.Tensor)
+                        else torch.full((), number, dtype=torch.int64) for number in numbers]).to(device)
+
+
+def _gather_mesh(mesh: Any, report: torch.Tensor) -> List[Tuple[int, Tuple[int, ...]]]:
+    """``(rank, report)`` of every rank of the mesh, on every rank: the 1-D int64 ``report`` gathered along each mesh
+    dim in turn (a tensor collective: every rank runs the same ones whatever it finds, so nobody is left waiting)."""
     import torch.distributed as dist
 
-    group = mesh.get_group(mesh_dim)
-    out: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, value, group=group)
-    return out
-
-
-def _gather_mesh(mesh: Any, value: Any) -> List[Tuple[int, Any]]:
-    """``(rank, value)`` of every rank of the mesh, on every rank: gather along each mesh dim in turn.
-
-    Every rank runs the same collectives whatever it finds, so nobody is left waiting.
-    """
-    import torch.distributed as dist
-
-    items: List[Tuple[int, Any]] = [(dist.get_rank(), value)]
+    # all_gather_single (torch 2.13 and later) is all_gather_into_tensor renamed (the old name warns there)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    length = report.numel()
+    gathered = report
     for mesh_dim in range(mesh.ndim):
-        items = [item for part in _gather(mesh, mesh_dim, items) for item in part]
-    return sorted(items)
+        group = mesh.get_group(mesh_dim)
+        out = torch.empty((dist.get_world_size(group) * gathered.numel(),), dtype=gathered.dtype,
+                          device=gathered.device)
+        all_gather(out, gathered.contiguous(), group=group)
+        gathered = out
+    # gathered along dim 0 first: its axes are (size of the last mesh dim, ..., size of dim 0, report)
+    by_coordinate = gathered.reshape(*reversed(mesh.shape), length).permute(*reversed(range(mesh.ndim)), mesh.ndim)
+    ranks = mesh.mesh.reshape(-1).tolist()
+    rows = by_coordinate.reshape(-1, length).cpu().tolist()
+    return sorted((rank, tuple(row)) for rank, row in zip(ranks, rows))
 
 
 def _report(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, what: str) -> None:
@@ -67,10 +85,11 @@ def _report(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, wha
     log.debug(message)
 
 
-def check_replicated(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any) -> None:
-    """Every rank of ``mesh`` holds exactly the same ``tensor``."""
+def check_replicated(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, device: torch.device) -> None:
+    """Every rank of ``mesh`` holds exactly the same ``tensor`` (compared on ``device``, the mesh's)."""
     groups: dict = {}
-    for rank, digest in _gather_mesh(mesh, _digest(tensor)):
+    report = torch.cat([_report_tensor(tensor.shape, device), _fingerprint(tensor).to(device)])
+    for rank, digest in _gather_mesh(mesh, report):
         groups.setdefault(digest, []).append(rank)
     if len(groups) > 1:
         described = "; ".join(f"ranks {members} agree" for members in groups.values())
@@ -78,13 +97,19 @@ def check_replicated(mode: str, op: str, label: str, tensor: torch.Tensor, mesh:
 
 
 def check_local(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any, placements: Sequence[Any],
-                global_shape: Tuple[int, ...]) -> None:
+                global_shape: Tuple[int, ...], device: torch.device) -> None:
     """This rank's piece has the shape ``global_shape`` and ``placements`` give it on every rank."""
     from .._torch.api import compute_local_shape_and_global_offset
 
     expected, _ = compute_local_shape_and_global_offset(global_shape, mesh, placements)
-    mine = (tuple(expected) == tuple(tensor.shape), tuple(tensor.shape), tuple(expected))
-    bad = [(rank, shape, want) for rank, (fine, shape, want) in _gather_mesh(mesh, mine) if not fine]
+    if tensor.dim() != len(global_shape):
+        shape_of = tuple(tensor.shape)
+        _report(mode, op, label, tensor, mesh, f"has {len(shape_of)} dims where the {global_shape} tensor its "
+                f"placements {tuple(placements)} describe has {len(global_shape)}")
+        return
+    rows = _gather_mesh(mesh, _report_tensor((*tensor.shape, *expected), device))
+    ndim = len(global_shape)
+    bad = [(rank, row[:ndim], row[ndim:]) for rank, row in rows if row[:ndim] != row[ndim:]]
     if bad:
         detail = ", ".join(f"rank {rank} has {shape} (expected {want})" for rank, shape, want in bad)
         _report(mode, op, label, tensor, mesh, f"is not the piece of a {global_shape} tensor its placements "

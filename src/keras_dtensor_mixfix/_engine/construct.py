@@ -51,16 +51,16 @@ def whole_dtensor(plain: torch.Tensor, mesh: Any, placements: Tuple[Placement, .
     shape = tuple(plain.shape)
     if all(p.is_replicate() for p in placements):
         return wrap(plain, mesh, placements, shape, plain.stride(), plain.dtype)
-    if is_traced(plain):
-        # torch.compile traces rank-agnostically (the mesh coordinate is symbolic): a concrete
-        # slice offset baked into the graph would be this rank's and wrong on the others. DTensor's
-        # own Replicate -> Shard step is traceable and local (no communication).
+    index = None if is_traced(plain) else local_slice(shape, mesh, placements)
+    if index is None:
+        # torch.compile traces rank-agnostically, and torch's rank simulator holds every rank at once (the mesh
+        # coordinate is symbolic in both): a concrete slice offset would be one rank's and wrong on the others.
+        # DTensor's own Replicate -> Shard step is traceable and local (no communication).
         replicated = make_spec(mesh, (Replicate(),) * mesh.ndim, shape, plain.stride(), plain.dtype)
         target = make_spec(mesh, placements, shape, plain.stride(), plain.dtype)
         local = redistribute_local_tensor(plain, replicated, target)
         return new_dtensor(local, target, eager=False)
-    local = plain[local_slice(shape, mesh, placements)]
-    return wrap(local, mesh, placements, shape, plain.stride(), plain.dtype)
+    return wrap(plain[index], mesh, placements, shape, plain.stride(), plain.dtype)
 
 
 def local_dtensor(plain: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Tuple[int, ...]) -> DTensor:

@@ -171,6 +171,8 @@ def whole_layout(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeLayo
     local_index: Optional[Tuple[slice, ...]] = None
     if not all(p.is_replicate() for p in placements):
         local_index = local_slice(shape, mesh, placements)
+        if local_index is None:  # only eager local pieces reach here (layout_cacheable): never under the simulator
+            raise AssertionError("a whole layout asked for on a rank-symbolic mesh coordinate")
         if all(piece.start == 0 and piece.stop == size for piece, size in zip(local_index, shape)):
             local_index = None  # this rank's piece is all of it (e.g. a mesh dim of size 1)
     return WholeLayout(placements, local_index, make_spec(mesh, placements, shape, plain.stride(), plain.dtype, cache=True))

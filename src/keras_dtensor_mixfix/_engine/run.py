@@ -56,10 +56,11 @@ def _check_promoted(mode: str, traits: OpTraits, promoted: Promoted) -> None:
         if is_traced(operand.tensor):
             continue  # no collectives while torch.compile traces
         if decision.kind == REPLICATE:
-            _check.check_replicated(mode, traits.name, operand.label, operand.tensor, dtensor.device_mesh)
+            _check.check_replicated(mode, traits.name, operand.label, operand.tensor, dtensor.device_mesh,
+                                    dtensor.device)
         else:
             _check.check_local(mode, traits.name, operand.label, operand.tensor, dtensor.device_mesh, placements,
-                               tuple(dtensor.shape))
+                               tuple(dtensor.shape), dtensor.device)
 
 
 def call_op(call: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], traits: OpTraits, described: Described) -> Any:

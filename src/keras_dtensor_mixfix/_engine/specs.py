@@ -3,7 +3,7 @@ and the spec of a promoted DTensor, both cached in eager mode (caches.py). Nothi
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
@@ -27,12 +27,16 @@ def region(offsets: Sequence[int], shape: Sequence[int]) -> Tuple[slice, ...]:
     return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
 
 
-def local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Tuple[slice, ...]:
-    """This rank's slice of a tensor of global ``shape`` laid out with ``placements`` on ``mesh``."""
+def local_slice(shape: Tuple[int, ...], mesh: Any, placements: Tuple[Placement, ...]) -> Optional[Tuple[slice, ...]]:
+    """This rank's slice of a tensor of global ``shape`` laid out with ``placements`` on ``mesh``; None where this
+    rank's coordinate is not a number but stands for every rank's (torch's rank simulator, ``LocalTensorMode``, where
+    one process holds each simulated rank's value): DTensor's own chunking then gives each rank its piece."""
     key = (shape, mesh, placements)
     found = _SLICES.get(key)
     if found is None:
         local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
+        if not all(type(size) is int for size in (*local_shape, *offsets)):
+            return None
         found = region(offsets, local_shape)
         remember(_SLICES, key, found)
     return found

@@ -116,6 +116,8 @@ BUILTIN_RAISES_KEPT = {
     ("_keras/boundary/keras_modules.py", "ImportError"): "a Keras release without a module the integration patches: "
                                                 "the same failure as Python's own import of it, and caught as one",
     ("_engine/decide.py", "AssertionError"): "an internal invariant (an unreachable branch), never a user's error",
+    ("_engine/placements.py", "AssertionError"): "an internal invariant: a cached whole layout is asked for only "
+                                                 "beside an eager local piece, whose mesh coordinate is a number",
     ("_keras/files/array_proxy.py", "AttributeError"): "ArrayProxy.__getattr__'s protocol: a private name it does not "
                                                  "have (copy, pickle and hasattr() probe them)",
 }
