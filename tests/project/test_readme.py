@@ -65,7 +65,7 @@ RUN_PER_FILE = {
     "docs/gpu.md": (0, 0),  # its blocks need a GPU, or run the whole check (tests/project/test_gpu_check.py)
     "docs/performance.md": (0, 0),
     "docs/rules.md": (2, 5),  # register_rule, a rule pack's doctor (its two files and output)
-    "docs/testing.md": (2, 3),  # run_on_ranks and its output, the pytest plugin
+    "docs/testing.md": (3, 5),  # run_on_ranks and its output, the pytest plugin, the rank simulator and its output
     "docs/transformers.md": (2, 4),  # the tensor- and expert-parallel programs (need transformers), their output
     "docs/troubleshooting.md": (1, 15),  # the command line; every message users see
 }
