@@ -471,6 +471,9 @@ def _reference(name, per_process_losses=False):
 # Gemma3n on (2, 4) and (4, 2) the same 3.7e-5
 PREDICTION_ATOL = {("gemma3n", (2, 2)): 1e-4, ("gemma4", (2, 2)): 1e-4, ("gemma4_moe", (2, 2)): 1e-4,
                    ("gemma3n", (2, 4)): 1e-4, ("gemma3n", (4, 2)): 1e-4,
+                   # its key/value kernels split along the hidden width (2 heads over 4): 1 of 2048 logits 1.06e-5
+                   # apart, the partial sums added in another order
+                   ("gemma3n", "derived", (1, 4)): 1e-4,
                    # compiled: inductor fuses and reorders the same sums (measured 1.3e-5 and 1.7e-5 on (1, 2))
                    ("gemma3n", "compiled", (1, 2)): 1e-4, ("gemma4", "compiled", (1, 2)): 1e-4}
 # the compiled cases CI runs, each a model of identical decoder blocks: they compile as one

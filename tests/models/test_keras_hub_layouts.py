@@ -7,6 +7,7 @@ That the derived maps train, evaluate, predict and generate like one process for
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
@@ -78,26 +79,67 @@ def test_keys_match_the_layers_of_a_model_built_again_with_other_names():
     assert not set(split) & set(derived.left_whole)
 
 
-def test_heads_vocabulary_or_experts_that_do_not_divide_are_left_whole_with_one_warning(caplog):
+def test_heads_vocabulary_or_experts_that_do_not_divide_split_another_dim_with_one_warning(caplog):
     mesh = _mesh((1, 4))
     config = dict(TINY, moe_intermediate_dim=8, num_experts=6, top_k=2, head_dim=4, vocabulary_size=66)
     with caplog.at_level(logging.WARNING, logger="keras_dtensor_mixfix"):
         derived = derive_layouts(keras_hub.models.Qwen3MoeBackbone, mesh, config=config)
         derive_layouts(keras_hub.models.Qwen3MoeBackbone, mesh, config=config)  # the same warnings: not again
     warnings = [record.getMessage() for record in caplog.records]
-    assert sum("key: its 2 heads do not divide mesh axis 'model' (4 ranks)" in w for w in warnings) == 1, warnings
-    assert sum("6 experts do not divide" in w for w in warnings) == 1, warnings
+    assert sum("key: its 2 heads do not divide mesh axis 'model' (4 ranks), so its kernel is split along the hidden "
+               "width (16) instead" in w for w in warnings) == 1, warnings
+    assert sum("6 experts do not divide mesh axis 'model' (4 ranks), so each expert's weights are split along its "
+               "own width" in w for w in warnings) == 1, warnings
     assert sum("the vocabulary (66) does not divide" in w and "padded to a multiple of 4" in w
                for w in warnings) == 1, warnings
-    assert "transformer_layer_0/self_attention/key/kernel" in derived.left_whole
-    assert "transformer_layer_0/self_attention/query/kernel" in derived.axes  # 4 query heads divide
+    # (hidden, heads, depth): the 2 key heads do not divide 4, the hidden width does
+    assert derived.axes["transformer_layer_0/self_attention/key/kernel"] == ("model", None, None)
+    assert derived.axes["transformer_layer_0/self_attention/query/kernel"] == (None, "model", None)  # 4 heads divide
     assert derived.axes["token_embedding/embeddings"] == (None, "model")  # along the hidden dim instead
-    assert any("experts do not divide" in why for why in derived.left_whole.values())
+    experts = {path: axes for path, axes in derived.axes.items() if "layer_0" in path and "expert" in path}
+    assert experts and all(axes[0] is None and "model" in axes for axes in experts.values()), experts
+    assert not any("heads do not divide" in why or "experts do not divide" in why
+                   for why in derived.left_whole.values() if "bias" not in why)
     # on (2, 2) the hidden dims go over "batch" too, unless told not to
     assert any("batch" in axes for axes in derive_layouts(keras_hub.models.Qwen3MoeBackbone, _mesh((2, 2)),
                                                          config=config).axes.values())
     plain = derive_layouts(keras_hub.models.Qwen3MoeBackbone, _mesh((2, 2)), config=config, data_axis=None)
     assert all("batch" not in axes for axes in plain.axes.values())
+
+
+def test_where_nothing_divides_the_model_axis_weights_stay_whole_with_the_reason():
+    config = dict(TINY, moe_intermediate_dim=8, num_experts=6, top_k=2, head_dim=4)
+    derived = derive_layouts(keras_hub.models.Qwen3MoeBackbone, _mesh((1, 32)), config=config)  # hidden 16 < 32
+    assert derived.left_whole["transformer_layer_0/self_attention/key/kernel"] == (
+        "key: its 2 heads do not divide mesh axis 'model' (32 ranks)")
+    assert any(why == "6 experts do not divide mesh axis 'model' (32 ranks)" for why in derived.left_whole.values())
+    per_rank, whole = derived.bytes_per_rank()
+    assert per_rank > whole / 32
+
+
+PUBLISHED = {
+    # published sizes (shapes only: nothing is made), 2 layers: the per-rank share does not depend on the depth
+    "llama3_8b": ("Llama3Backbone", dict(vocabulary_size=128256, num_layers=2, num_query_heads=32,
+                                         num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336)),
+    "mixtral_8x7b": ("MixtralBackbone", dict(vocabulary_size=32000, num_layers=2, num_query_heads=32,
+                                             num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336,
+                                             num_experts=8, top_k=2, sliding_window=4096)),
+}
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+@pytest.mark.parametrize("shape", [(1, 2), (1, 8), (1, 16), (1, 64), (8, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_published_sizes_hold_one_nth_per_rank_at_every_degree(model, shape):
+    """Each rank's bytes of the weights under the derived map, against one process's / n (benchmarks/
+    layouts_at_scale.py prints the table for eight models): at most 5% over, where 8 key/value heads or 8 experts do
+    not divide 16 or 64 ranks (their kernels split along another dim)."""
+    class_name, config = PUBLISHED[model]
+    derived = derive_layouts(getattr(keras_hub.models, class_name), _mesh(shape), config=config)
+    per_rank, whole = derived.bytes_per_rank()
+    n = shape[0] * shape[1]
+    expected_whole = sum(math.prod(dims) * 4 for dims, dtype in derived.variables.values())  # float32
+    assert whole == expected_whole
+    assert whole / n <= per_rank <= 1.05 * whole / n, (per_rank, whole / n)
 
 
 def test_every_weight_is_split_or_left_whole_with_a_reason():

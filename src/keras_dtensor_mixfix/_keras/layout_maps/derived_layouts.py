@@ -7,8 +7,10 @@ that writes the hidden state back along its inputs. Which is which follows from 
 compared with the model's hidden width, and, where both are the hidden width, the last projection of a layer
 (attention's output, after query, key and value) is the one that writes back. The token embedding is split by
 vocabulary (its untied output projection too), experts by expert, and on a mesh with a data axis the hidden
-dimension of each split weight over that axis as well (as keras_hub's own maps do). Everything else (norms,
-biases that follow a reduction, routers, small tables) stays whole, and each weight left whole carries its reason.
+dimension of each split weight over that axis as well (as keras_hub's own maps do). Where heads, experts or the
+vocabulary do not divide the model axis, another dim is split instead (a kernel's hidden width, an expert's own
+width), so that every rank still holds 1/n. Everything else (norms, biases that follow a reduction, routers, small
+tables) stays whole, and each weight left whole carries its reason.
 
 Any layout gives the same values (DTensor computes the global result whatever the split); the derivation chooses
 the one that moves the least data and keeps the least on each rank. Only Keras' public layer classes are read here,
@@ -49,6 +51,8 @@ class DerivedLayouts:
         left_whole: each variable left whole (replicated) and why.
         model_axis: the mesh axis the projections are split over.
         data_axis: the mesh axis the hidden dimension of split weights is split over as well, or None.
+        variables: every variable's path with its shape and dtype name.
+        axis_sizes: the mesh's axis names and sizes.
     """
 
     layout_map: Any
@@ -56,6 +60,26 @@ class DerivedLayouts:
     left_whole: Dict[str, str] = field(default_factory=dict)
     model_axis: str = "model"
     data_axis: Optional[str] = None
+    variables: Dict[str, Tuple[Tuple[int, ...], str]] = field(default_factory=dict)
+    axis_sizes: Dict[str, int] = field(default_factory=dict)
+
+    def bytes_per_rank(self) -> Tuple[int, int]:
+        """``(bytes each rank holds, bytes one process holds)`` of the model's weights under this map, read off the
+        shapes (nothing is built or run; optimizer slots, which follow their variables' layouts, not counted). The
+        derivation splits a dim only over mesh axes that divide it, so every rank holds the same bytes."""
+        per_rank = whole = 0
+        for path, (shape, dtype) in self.variables.items():
+            size = math.prod(shape) * _itemsize(dtype)
+            whole += size
+            split_over = math.prod(self.axis_sizes[axis] for axis in self.axes.get(path, ()) if axis is not None)
+            per_rank += size // split_over
+        return per_rank, whole
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a Keras dtype name (``"bfloat16"``: 2, ``"float8_e4m3fn"``: 1, ``"bool"``: 1)."""
+    bits = re.search(r"\d+", dtype)
+    return max(1, int(bits.group()) // 8) if bits else 1
 
 
 @dataclass
@@ -145,6 +169,7 @@ class _Deriver:
         self.hidden = _hidden_width(model, self.token_embedding)
         self.axes: Dict[str, Axes] = {}
         self.left_whole: Dict[str, str] = {}
+        self.variables: Dict[str, Tuple[Tuple[int, ...], str]] = {}
         self.model_name = type(getattr(model, "backbone", model)).__name__
 
     # -- helpers ------------------------------------------------------------------------------------------------
@@ -179,6 +204,8 @@ class _Deriver:
             own = _own_variables(layer, children)
             if not own:
                 continue
+            for variable in own:
+                self.variables[variable.path] = (tuple(int(size) for size in variable.shape), str(variable.dtype))
             if layer is self.token_embedding:
                 self._token_embedding_rule(own)
             elif isinstance(layer, keras.layers.Embedding):
@@ -277,10 +304,16 @@ class _Deriver:
             return
         if not self._divides(projection.sizes[label], self.model_size):
             what = "heads" if len(split_side) > 1 else "features"
+            why = (f"{layer.name}: its {projection.sizes.get(label, 1)} {what} do not divide mesh axis "
+                   f"{self.model_axis!r} ({self.model_size} ranks)")
+            if self._split_along_hidden(layer, kernel, projection, split_side, other_side, why):
+                for variable in own:
+                    if variable is not kernel:
+                        self._whole(variable, f"{why}, and its kernel is split along the hidden width: a bias "
+                                              "beside it stays whole")
+                return
             for variable in own:
-                self._whole(variable, f"{layer.name}: its {projection.sizes.get(label, 1)} "
-                                      f"{what} do not divide mesh axis {self.model_axis!r} "
-                                      f"({self.model_size} ranks)", warn=variable is kernel)
+                self._whole(variable, why, warn=variable is kernel)
             return
         kernel_dim = projection.kernel_labels.index(label)
         hidden_dims = [projection.kernel_labels.index(other) for other in other_side]
@@ -289,6 +322,22 @@ class _Deriver:
             if variable is kernel:
                 continue
             self._bias_rule(layer, variable, projection, role, label)
+
+    def _split_along_hidden(self, layer: Any, kernel: Any, projection: _Projection, split_side: Sequence[str],
+                            other_side: Sequence[str], why: str) -> bool:
+        """Where the heads (or features) do not divide the model axis: split the kernel along its hidden-width dim
+        over the model axis instead, if the hidden width divides it (keras_hub's own maps split attention kernels
+        this way: each rank contracts its part of the hidden state, and the partial sums are reduced). The
+        activation between two projections is then whole, so each projection costs a reduction: less than the
+        bytes of every rank holding the whole kernel. False where nothing divides."""
+        hidden_label = next((label for label in other_side if projection.sizes[label] == self.hidden), None)
+        if hidden_label is None or not self._divides(self.hidden, self.model_size):
+            return False
+        kernel_dim = projection.kernel_labels.index(hidden_label)
+        self._split(kernel, kernel_dim, [projection.kernel_labels.index(label) for label in split_side])
+        _warn_once(f"{self.model_name}: {why}, so its kernel is split along the hidden width "
+                   f"({self.hidden}) instead: a reduction across {self.model_axis!r} per projection")
+        return True
 
     def _bias_rule(self, layer: Any, variable: Any, projection: _Projection, role: str, label: str) -> None:
         shape = tuple(variable.shape)
@@ -306,12 +355,24 @@ class _Deriver:
     def _expert_rule(self, variable: Any, experts: int) -> None:
         """One row per expert: split by expert (each rank computes its experts for every token, and the routing
         weights' sum over experts adds the ranks' parts)."""
-        if not self._divides(experts, self.model_size):
-            self._whole(variable, f"{experts} experts do not divide mesh axis {self.model_axis!r} "
-                                  f"({self.model_size} ranks)", warn=True)
-            return
         shape = tuple(variable.shape)
-        self._split(variable, 0, [dim for dim in range(1, len(shape)) if shape[dim] == self.hidden])
+        hidden_dims = [dim for dim in range(1, len(shape)) if shape[dim] == self.hidden]
+        if self._divides(experts, self.model_size):
+            self._split(variable, 0, hidden_dims)
+            return
+        why = f"{experts} experts do not divide mesh axis {self.model_axis!r} ({self.model_size} ranks)"
+        # each expert's own width (its intermediate dim) instead, Megatron's split of a feed-forward pair: the
+        # first projection's outputs and the second's inputs, so that only the second's sum is reduced
+        inner = next((dim for dim in range(1, len(shape)) if dim not in hidden_dims
+                      and self._divides(shape[dim], self.model_size)), None)
+        if inner is None and len(hidden_dims) > 1:  # an expert's width equal to the hidden width: its last dim
+            inner = next((dim for dim in reversed(range(1, len(shape)))
+                          if self._divides(shape[dim], self.model_size)), None)
+        if inner is None:
+            self._whole(variable, why, warn=True)
+            return
+        _warn_once(f"{self.model_name}: {why}, so each expert's weights are split along its own width instead")
+        self._split(variable, inner, hidden_dims)
 
     # -- the map ------------------------------------------------------------------------------------------------
     def layout_map(self) -> Any:
@@ -396,4 +457,5 @@ def derive_layouts(model: Any, mesh: Any, *, config: Optional[Mapping[str, Any]]
     if deriver.left_whole:
         log.info("keras_dtensor_mixfix: %s: %d variables split, %d left whole", deriver.model_name,
                  len(deriver.axes), len(deriver.left_whole))
-    return DerivedLayouts(deriver.layout_map(), deriver.axes, deriver.left_whole, model_axis, data_axis)
+    return DerivedLayouts(deriver.layout_map(), deriver.axes, deriver.left_whole, model_axis, data_axis,
+                          deriver.variables, dict(zip(mesh.axis_names, (int(size) for size in mesh.shape))))
