@@ -48,6 +48,7 @@ import torch_fused_sgd_dtensor  # noqa: E402
 import torch_fx_graph_cache_device_mesh_hash  # noqa: E402
 import torch_index_put_inplace  # noqa: E402
 import torch_index_put_split_self  # noqa: E402
+import torch_local_tensor_mesh_coordinate_per_rank  # noqa: E402
 import torch_mse_loss_mean_backward  # noqa: E402
 import torch_ne_tensor_no_strategy  # noqa: E402
 import torch_nll_loss_weighted_mean  # noqa: E402
@@ -187,6 +188,12 @@ def test_inplace_foreach_into_a_partial_dtensor():
 @torch_bug(torch_stack_negative_dim)
 def test_stack_along_a_negative_dim_of_inputs_split_along_their_last_dim():
     _run_repro(torch_stack_negative_dim.repro, "AssertionError", "stack along -1", world_size=2)
+
+
+@torch_bug(torch_local_tensor_mesh_coordinate_per_rank)
+def test_a_simulated_meshs_coordinate_computes_its_layout_once():
+    _run_repro(torch_local_tensor_mesh_coordinate_per_rank.repro, "AssertionError", "16 times for 16 simulated ranks",
+               world_size=1)
 
 
 @torch_bug(torch_fused_sgd_dtensor)
