@@ -213,6 +213,10 @@ DEFECTS: Tuple[Defect, ...] = (
     Defect("flip_without_strategy", "torch", "torch_flip_no_strategy.py", **_ONLY_2_11,
            workaround=Workaround.KERAS_OP_OVERRIDE, where="_keras/ops/tensor_ops.py",
            summary="DTensor has no strategy for flip, which cumsum's backward calls"),
+    Defect("sdpa_cpu_without_strategy", "torch", "torch_sdpa_cpu_no_strategy.py", **_ONLY_2_11,
+           workaround=Workaround.ENGINE_CORRECTION, where="_engine/attention_corrections.py",
+           summary="DTensor has no strategy for CPU's fused attention (_scaled_dot_product_flash_attention_for_cpu), "
+                   "which scaled_dot_product_attention runs for a mask that needs no gradient"),
     Defect("ne_tensor_without_strategy", "torch", "torch_ne_tensor_no_strategy.py", **_ONLY_2_11,
            workaround=Workaround.ENGINE_CORRECTION, where="_engine/corrections.py, _keras/ops/tensor_ops.py",
            summary="DTensor has no strategy for ne.Tensor"),

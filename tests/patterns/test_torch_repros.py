@@ -55,6 +55,7 @@ import torch_nll_loss_weighted_mean  # noqa: E402
 import torch_no_decomposition_strategy  # noqa: E402
 import torch_pad_2d_mesh  # noqa: E402
 import torch_scatter_add_src_misaligned  # noqa: E402
+import torch_sdpa_cpu_no_strategy  # noqa: E402
 import torch_stack_negative_dim  # noqa: E402
 import torch_view_flatten_split_dim  # noqa: E402
 import torch_view_two_axes_one_dim  # noqa: E402
@@ -280,6 +281,12 @@ def test_an_op_without_a_strategy_of_its_own():
 @torch_bug(torch_conv_handler_unsplit)
 def test_conv_handler_refuses_a_replicated_convolution():
     _run_repro(torch_conv_handler_unsplit.repro, "RuntimeError", "tensor parallel convolution", world_size=2)
+
+
+@torch_bug(torch_sdpa_cpu_no_strategy)
+def test_cpu_attention_of_dtensors_with_a_mask_that_needs_no_gradient():
+    _run_repro(torch_sdpa_cpu_no_strategy.repro, "NotImplementedError", "_scaled_dot_product_flash_attention_for_cpu",
+               world_size=2)
 
 
 @torch_bug(torch_view_flatten_split_dim)

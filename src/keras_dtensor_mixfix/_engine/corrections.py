@@ -36,6 +36,10 @@ come here.
   formula (the one torch's decomposition uses, with ``-logsigmoid(x)`` as ``relu(-x) + log1p(exp(-|x|))``), every op
   of it one DTensor has; the index ops on each rank's whole local values (operands replicated first where they are
   not; 2.11 runs the out-of-place ones on split pieces).
+- CPU ``scaled_dot_product_attention`` with a mask that needs no gradient
+  (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) on torch 2.11, whose DTensor has no strategy
+  for it (``repros/torch_sdpa_cpu_no_strategy.py``): where queries, keys and values are split alike along batch or
+  head dims, each rank attends over its own heads with its piece of the mask, as one process does per head.
 - ``index.Tensor`` / ``index_put`` with a boolean mask (``x[mask]``, ``x[:, mask]``, and the ``index_put``
   its backward makes): DTensor has no strategy for a mask (the result's size depends on the data).
   The promoted mask is the same whole tensor on every rank, so where ``x`` is not split along a dim
@@ -55,6 +59,7 @@ from torch.distributed.tensor.placement_types import Replicate, Shard
 from .._torch.versions import has_defect, running_torch_version
 from . import foreach_partial
 from .construct import wrap
+from .attention_corrections import cpu_attention_backward_on_local_heads, cpu_attention_on_local_heads
 from .specs import contiguous_stride
 from .write_back import write_into
 
@@ -371,6 +376,10 @@ _ON_RELEASES_WITH: Dict[str, Tuple[str, Callable[[Call], Call]]] = {
     "aten::index_copy.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
     "aten::index_copy_.default": ("no_strategy_from_decomposition", _index_op_on_whole_operands),
     "aten::ne.Tensor": ("ne_tensor_without_strategy", _not_equal_as_not_eq),
+    "aten::_scaled_dot_product_flash_attention_for_cpu.default": ("sdpa_cpu_without_strategy",
+                                                                  cpu_attention_on_local_heads),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default": ("sdpa_cpu_without_strategy",
+                                                                           cpu_attention_backward_on_local_heads),
 }
 """Corrections of torch 2.11's defects, tried before the general ones (:data:`_CORRECTIONS`) for the same op."""
 
