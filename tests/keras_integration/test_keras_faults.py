@@ -20,9 +20,11 @@ the epochs after the last complete backup (Keras' resume is per epoch), and equa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -122,12 +124,26 @@ def _kill(kind, point):
         raise AssertionError(point)
 
 
+@contextlib.contextmanager
+def _scratch_beside(folder):
+    """Temporary files of this rank (a save's own scratch folders) in a folder beside ``folder`` while the job runs:
+    a rank killed with ``os._exit`` skips the cleanup that would remove them, and they stay with the test's files,
+    not in the machine's /tmp."""
+    scratch = f"{folder.rstrip(os.sep)}-scratch"
+    os.makedirs(scratch, exist_ok=True)
+    previous, tempfile.tempdir = tempfile.tempdir, scratch
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+
+
 def saved_then_saved_again(folder, kind, point):
     """Train an epoch and save (the previous save), train another and save again into the same place, killed at
     ``point`` (None: not killed). Returns both states (only an uninterrupted job returns)."""
     import keras
 
-    with _distributed((1, 2)) as batch_size:
+    with _scratch_beside(folder), _distributed((1, 2)) as batch_size:
         model, x, y = _model_and_data(True)
         model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
         _save(model, kind, folder)
@@ -269,7 +285,7 @@ def fit_with_backup(folder, point, double, mesh_shape=(1, 2)):
     weights."""
     import keras
 
-    with _distributed(mesh_shape) as batch_size:
+    with _scratch_beside(folder), _distributed(mesh_shape) as batch_size:
         model, x, y = _model_and_data(mesh_shape is not None)
         epochs = []
         armed = [False]
