@@ -61,6 +61,8 @@ def _gather_mesh(mesh: Any, report: torch.Tensor) -> List[Tuple[int, Tuple[int, 
     gathered = report
     for mesh_dim in range(mesh.ndim):
         group = mesh.get_group(mesh_dim)
+        if gathered.device.type != "cpu" and dist.get_backend(group) == "gloo":
+            gathered = gathered.cpu()  # a device mesh on gloo alone: gloo gathers host tensors
         out = torch.empty((dist.get_world_size(group) * gathered.numel(),), dtype=gathered.dtype,
                           device=gathered.device)
         all_gather(out, gathered.contiguous(), group=group)
