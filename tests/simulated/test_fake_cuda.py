@@ -22,6 +22,7 @@ grad (a CPU-only build: "PyTorch is not linked with support for cuda devices"; a
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -61,9 +62,7 @@ CUDA = "cuda:0"
 def cuda_mesh(request):
     """A ``"cuda"`` mesh of ``request.param`` (default (2, 4)) on a fake process group, and FakeTensorMode on."""
     shape = getattr(request, "param", (2, 4))
-    size = 1
-    for dim in shape:
-        size *= dim
+    size = math.prod(shape)
     with _simulator.fake_process_group(size):
         mesh = torch.distributed.device_mesh.DeviceMesh("cuda", torch.arange(size).reshape(shape))
         with fake_tensor.FakeTensorMode(), torch.no_grad():
