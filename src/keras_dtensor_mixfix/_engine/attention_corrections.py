@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
 from .construct import wrap
-from .specs import local_slice
+from .specs import local_slice, stride_in_order_of
 
 Call = Callable[..., Any]
 
@@ -58,20 +58,9 @@ def _local_mask(mask: Any, query: Any, placements: Tuple[Any, ...]) -> Any:
     return NotImplemented if index is None else mask._local_tensor[index]
 
 
-def _global_stride(local: torch.Tensor, shape: Sequence[int]) -> Tuple[int, ...]:
-    """The stride of a tensor of ``shape`` laid out in memory in the order of ``local``'s dims (outermost first)."""
-    order = sorted(range(local.ndim), key=lambda d: (-local.stride(d), d))
-    stride = [0] * local.ndim
-    running = 1
-    for dim in reversed(order):
-        stride[dim] = running
-        running *= max(int(shape[dim]), 1)
-    return tuple(stride)
-
-
 def _as_split(local: torch.Tensor, like: Any, placements: Tuple[Any, ...], shape: Sequence[int]) -> Any:
     """``local`` as this rank's piece of a DTensor of ``shape`` on ``like``'s mesh, split with ``placements``."""
-    return wrap(local, like.device_mesh, placements, tuple(shape), _global_stride(local, shape), local.dtype)
+    return wrap(local, like.device_mesh, placements, tuple(shape), stride_in_order_of(local, shape), local.dtype)
 
 
 def cpu_attention_on_local_heads(op: Call) -> Call:

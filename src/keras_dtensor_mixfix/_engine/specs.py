@@ -51,6 +51,18 @@ def contiguous_stride(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(reversed(stride))
 
 
+def stride_in_order_of(local: torch.Tensor, shape: Sequence[int]) -> Tuple[int, ...]:
+    """The strides of a tensor of global ``shape`` laid out in memory in the dim order of ``local`` (this rank's piece,
+    which a kernel may have returned as a transposed view): outermost first, a dense layout."""
+    order = sorted(range(len(shape)), key=lambda dim: (local.stride(dim), local.shape[dim]), reverse=True)
+    strides = [0] * len(shape)
+    step = 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= max(int(shape[dim]), 1)
+    return tuple(strides)
+
+
 def make_spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
               cache: bool = False) -> DTensorSpec:
     """A spec; with ``cache`` (eager only: concrete sizes) an equal spec built before is reused."""

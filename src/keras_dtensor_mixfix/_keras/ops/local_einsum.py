@@ -260,6 +260,8 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     import torch
     from torch.distributed.tensor import DTensor
 
+    from ..._engine.specs import stride_in_order_of  # imports torch: not at the module's import
+
     if not operands or not isinstance(subscripts, str):
         return None
     # Keras variables (a layer's kernel) hold their DTensor as ``value``
@@ -293,7 +295,8 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
     local = original(subscripts, *pieces, **kwargs)
     sizes = label_sizes(inputs, shapes)  # not None: plan() checked the labels against the dims
     shape = torch.Size(max(sizes[label]) for label in output)  # a size-1 dim broadcasts
-    return from_pieces(local, mesh, placements, shape, stride=_global_stride(local, shape))
+    # einsum may return a view: the global tensor is laid out in its dim order
+    return from_pieces(local, mesh, placements, shape, stride=stride_in_order_of(local, shape))
 
 
 def _plain_layout(labels: str, inputs: Sequence[str], operands: Sequence[Any], mesh_ndim: int) -> Tuple[Any, ...]:
@@ -311,12 +314,3 @@ def _plain_layout(labels: str, inputs: Sequence[str], operands: Sequence[Any], m
     return tuple(layout)
 
 
-def _global_stride(local: Any, shape: Any) -> Tuple[int, ...]:
-    """Strides of ``shape`` laid out in the same dim order as ``local`` (einsum may return a view)."""
-    order = sorted(range(len(shape)), key=lambda dim: (local.stride(dim), local.shape[dim]), reverse=True)
-    strides = [0] * len(shape)
-    step = 1
-    for dim in reversed(order):
-        strides[dim] = step
-        step *= max(shape[dim], 1)
-    return tuple(strides)
