@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..._rules.errors import InvalidArgumentError
 from ..boundary import keras_modules, keras_private
+from . import whole_weights
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -69,17 +70,11 @@ class DerivedLayouts:
         derivation splits a dim only over mesh axes that divide it, so every rank holds the same bytes."""
         per_rank = whole = 0
         for path, (shape, dtype) in self.variables.items():
-            size = math.prod(shape) * _itemsize(dtype)
+            size = math.prod(shape) * whole_weights.dtype_itemsize(dtype)
             whole += size
             split_over = math.prod(self.axis_sizes[axis] for axis in self.axes.get(path, ()) if axis is not None)
             per_rank += size // split_over
         return per_rank, whole
-
-
-def _itemsize(dtype: str) -> int:
-    """Bytes per element of a Keras dtype name (``"bfloat16"``: 2, ``"float8_e4m3fn"``: 1, ``"bool"``: 1)."""
-    bits = re.search(r"\d+", dtype)
-    return max(1, int(bits.group()) // 8) if bits else 1
 
 
 @dataclass

@@ -82,9 +82,16 @@ def _sharding_rule(distribution: Any, shape: Tuple[int, ...]) -> Optional[Tuple[
 
 def itemsize(variable: Any) -> int:
     """The bytes of one element of ``variable``'s dtype."""
+    return dtype_itemsize(str(variable.dtype))
+
+
+def dtype_itemsize(dtype: str) -> int:
+    """The bytes of one element of a Keras dtype name: NumPy's, or for a dtype NumPy does not name, the bits its name
+    gives (``"bfloat16"``: 2, ``"float8_e4m3fn"``: 1)."""
     import numpy as np
 
     try:
-        return np.dtype(str(variable.dtype)).itemsize
-    except TypeError:  # bfloat16 and other dtypes NumPy does not name
-        return 2
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        bits = re.search(r"\d+", dtype)
+        return max(1, int(bits.group()) // 8) if bits else 1
