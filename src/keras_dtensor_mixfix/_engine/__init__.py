@@ -20,9 +20,9 @@ entry.py        the dispatch rules torch calls, the torch-first policy, and ``pr
     placements.py  how each operand is laid out (its spec and slice from specs.py), cached for eager
                    operands it only reads (``layout_cacheable``);
     construct.py   build each promoted DTensor, and the call that carries them;
-    run.py         run the op (corrections.py: ops DTensor gets wrong after a promotion, run as an exact
-                   reformulation, attention_corrections.py among them; check.py: check mode); then the plain ``.grad`` hook (grad.py), stats
-                   (stats.py).
+    run.py         run the op (corrections.py and attention_corrections.py: ops DTensor gets wrong after a
+                   promotion, run as an exact reformulation; check.py: check mode); then the plain ``.grad``
+                   hook (grad.py), stats (stats.py).
 
 Beside them: meshes.py and whole.py (DTensors on several meshes, whole values), specs.py (slices and specs).
 State: context.py (the patch state the lifecycle writes), caches.py (everything remembered between calls,

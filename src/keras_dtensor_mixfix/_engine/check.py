@@ -45,9 +45,9 @@ def _fingerprint(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _report_tensor(numbers: Sequence[Any], device: torch.device) -> torch.Tensor:
-    """``numbers`` (ints, per-rank sizes, or 0-dim tensors) as one int64 tensor on ``device``."""
-    return torch.stack([number.to(torch.int64) if isinstance(number, torch.Tensor)
-                        else torch.full((), number, dtype=torch.int64) for number in numbers]).to(device)
+    """``numbers`` (sizes: ints, or under the rank simulator per-rank symbolic ints) as one int64 tensor on
+    ``device``."""
+    return torch.stack([torch.full((), number, dtype=torch.int64) for number in numbers]).to(device)
 
 
 def _gather_mesh(mesh: Any, report: torch.Tensor) -> List[Tuple[int, Tuple[int, ...]]]:
@@ -105,8 +105,7 @@ def check_local(mode: str, op: str, label: str, tensor: torch.Tensor, mesh: Any,
 
     expected, _ = compute_local_shape_and_global_offset(global_shape, mesh, placements)
     if tensor.dim() != len(global_shape):
-        shape_of = tuple(tensor.shape)
-        _report(mode, op, label, tensor, mesh, f"has {len(shape_of)} dims where the {global_shape} tensor its "
+        _report(mode, op, label, tensor, mesh, f"has {tensor.dim()} dims where the {global_shape} tensor its "
                 f"placements {tuple(placements)} describe has {len(global_shape)}")
         return
     rows = _gather_mesh(mesh, _report_tensor((*tensor.shape, *expected), device))
