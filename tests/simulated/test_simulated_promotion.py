@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor import distribute_tensor as _distribute_tensor
@@ -78,9 +77,14 @@ def _assert_equals_plain(got: Any, want: torch.Tensor, what: str) -> None:
     else:
         pairs = [(value, want) for value in _ranks_of(got)]
     assert pairs, what
+    _assert_close_rank_by_rank(pairs, what, rtol=1e-5, atol=1e-5)
+
+
+def _assert_close_rank_by_rank(pairs: List[Tuple[torch.Tensor, torch.Tensor]], what: str, **tolerances: Any) -> None:
+    """Each simulated rank's (value, expected) pair close (``tolerances``: torch.testing's, its defaults if none)."""
     with local_tensor.maybe_disable_local_tensor_mode():
         for rank, (value, expected_value) in enumerate(pairs):
-            torch.testing.assert_close(value, expected_value, rtol=1e-5, atol=1e-5,
+            torch.testing.assert_close(value, expected_value, **tolerances,
                                        msg=lambda message: f"{what}, simulated rank {rank}: {message}")
 
 
@@ -139,7 +143,8 @@ def writes(mesh, ndim, t) -> CaseResult:
 def selections(mesh, ndim, t) -> CaseResult:
     weight = distribute_tensor(t["w"], mesh, _last(ndim, Shard(0)))
     table = distribute_tensor(t["table"], mesh, _last(ndim, Shard(1)))
-    return [("where(plain mask, w, plain x)", torch.where(t["cond"], weight, t["x"]), torch.where(t["cond"], t["w"], t["x"])),
+    return [("where(plain mask, w, plain x)", torch.where(t["cond"], weight, t["x"]),
+             torch.where(t["cond"], t["w"], t["x"])),
             ("embedding of plain ids", F.embedding(t["ids"], table), F.embedding(t["ids"], t["table"])),
             ("cat of w and plain x", torch.cat([weight, t["x"]]), torch.cat([t["w"], t["x"]]))]
 
@@ -204,6 +209,15 @@ def _on_every_rank(tensor: torch.Tensor, mesh: Any) -> torch.Tensor:
     return LocalTensor({rank: tensor.clone() for rank in range(mesh.size())})
 
 
+def _clipped_and_stepped(params: List[torch.Tensor], grads: List[torch.Tensor], foreach: bool) -> torch.Tensor:
+    """``grads`` set as the parameters' gradients, clipped to norm 1 and an AdamW step taken; the norm before."""
+    for param, grad in zip(params, grads):
+        param.grad = grad
+    norm = torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
+    torch.optim.AdamW(params, lr=0.1, foreach=foreach).step()
+    return norm
+
+
 def optimizers(mesh, ndim, t) -> CaseResult:
     """AdamW (foreach) and clip_grad_norm_ over a list of DTensor and plain parameters."""
     found: CaseResult = []
@@ -211,17 +225,9 @@ def optimizers(mesh, ndim, t) -> CaseResult:
         sharded = distribute_tensor(t["w"].clone(), mesh, _last(ndim, Shard(1))).requires_grad_()
         plain = _on_every_rank(t["row"], mesh).requires_grad_()
         reference = [t["w"].clone().requires_grad_(), t["row"].clone().requires_grad_()]
-        for params in ([sharded, plain], reference):
-            params[0].grad = (distribute_tensor(t["x"], mesh, params[0].placements) if isinstance(params[0], DTensor)
-                              else t["x"].clone())
-            params[1].grad = (_on_every_rank(t["row"] * 3, mesh) if params is not reference else t["row"] * 3)
-            norm = torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
-            optimizer = torch.optim.AdamW(params, lr=0.1, foreach=foreach)
-            optimizer.step()
-            if params is reference:
-                reference_norm = norm
-            else:
-                mixed_norm = norm
+        mixed_norm = _clipped_and_stepped([sharded, plain], [distribute_tensor(t["x"], mesh, sharded.placements),
+                                                             _on_every_rank(t["row"] * 3, mesh)], foreach)
+        reference_norm = _clipped_and_stepped(reference, [t["x"].clone(), t["row"] * 3], foreach)
         found += [(f"clip_grad_norm_ (foreach={foreach})'s norm", mixed_norm, reference_norm),
                   (f"AdamW (foreach={foreach}) on the DTensor", sharded.detach(), reference[0].detach()),
                   (f"AdamW (foreach={foreach}) on the plain parameter", plain.detach(), reference[1].detach())]
@@ -233,8 +239,7 @@ def local_rule(mesh, ndim, t) -> CaseResult:
     ranks hold different values) meets a DTensor split the same way."""
     weight = distribute_tensor(t["w"], mesh, _last(ndim, Shard(0)))
     pieces = weight._local_tensor * 0 + 1  # each rank's piece shape; then each rank's own values
-    per_rank = LocalTensor({rank: torch.full_like(piece, float(rank)) for rank, piece in
-                                         pieces._local_tensors.items()})
+    per_rank = LocalTensor({rank: torch.full_like(piece, float(rank)) for rank, piece in pieces._local_tensors.items()})
     with mf.patched(default="local"):
         out = weight * per_rank
     expected = DTensor.from_local(weight._local_tensor * per_rank, mesh, weight.placements, shape=weight.shape,
@@ -263,9 +268,7 @@ def test_a_mixed_call_equals_plain_math_on_every_simulated_rank(mesh_shape, fami
                 continue
             pairs = list(zip(_ranks_of(got), _ranks_of(want)))  # local pieces, rank by rank
             assert len(pairs) == size, what
-            with local_tensor.maybe_disable_local_tensor_mode():
-                for rank, (value, expected) in enumerate(pairs):
-                    torch.testing.assert_close(value, expected, msg=lambda m: f"{what}, rank {rank}: {m}")
+            _assert_close_rank_by_rank(pairs, what)
 
 
 @pytest.mark.parametrize("mesh_shape", [(8,), (2, 4)], indirect=True, ids=_mesh_id)
