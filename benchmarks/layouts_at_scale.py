@@ -73,13 +73,13 @@ def cell(name: str, shape: Tuple[int, int]) -> Dict[str, Any]:
     per_rank, whole = derived.bytes_per_rank()
     n = math.prod(shape)
     kinds = collections.Counter(_reason_kind(reason) for reason in derived.left_whole.values())
-    whole_bytes = collections.Counter()
+    whole_elements = collections.Counter()  # elements left whole, by reason: which reasons weigh most
     for path, reason in derived.left_whole.items():
         dims, dtype = derived.variables[path]
-        whole_bytes[_reason_kind(reason)] += math.prod(dims)
+        whole_elements[_reason_kind(reason)] += math.prod(dims)
     return dict(model=name, mesh="x".join(map(str, shape)), split=len(derived.axes), whole=len(derived.left_whole),
                 ratio=per_rank / (whole / n), per_rank_gib=per_rank / 2**30, total_gib=whole / 2**30,
-                reasons=kinds, reason_elements=whole_bytes, seconds=time.perf_counter() - started)
+                reasons=kinds, reason_elements=whole_elements, seconds=time.perf_counter() - started)
 
 
 def main() -> None:
