@@ -5,7 +5,10 @@ the heads split across ranks (tensor parallel attention) meets it: its math path
 (batch * heads, rows, dim).
 
 Seen on torch 2.11.0; right on 2.12.1 and later (the flattened dim comes out as a strided split). No
-keras_dtensor_mixfix involved, and nothing it can do: the view is not a mixed call.
+keras_dtensor_mixfix involved. 2.11's strided splits cannot be carried further (its redistribution and ``mm`` refuse
+them), so the package cannot run the view on pieces there: the Keras integration's ``einsum`` and ``matmul`` avoid
+it, and elsewhere the package refuses the view with an error naming this release, the one that runs it and the
+redistribution that runs it here (``_engine/release_refusals.py``).
 
 Run: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 repros/torch_view_flatten_split_dim.py`` (exits 1 while
 the limitation is there); ``tests/patterns/test_torch_repros.py`` runs it as an expected failure on that release.

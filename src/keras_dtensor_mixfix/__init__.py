@@ -30,6 +30,7 @@ _EXPORTS = {
     "UnsupportedTorchError": "._rules.errors",
     "DeviceAssignmentError": "._rules.errors",
     "SpreadValueError": "._rules.errors",
+    "ReleaseLimitationError": "._rules.errors",
     "UnsupportedKerasError": "._rules.errors",
     "InvalidArgumentError": "._rules.errors",
     "IncompleteCheckpointError": "._rules.errors",
@@ -88,7 +89,7 @@ if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
     from ._rules.errors import (ArgumentTypeError, DeviceAssignmentError, IncompleteCheckpointError,
                                 InvalidArgumentError, MixedOperandError, MixfixError, ReplicationCheckError,
-                                ReplicationCheckWarning, SpreadValueError, UnknownOperatorError,
+                                ReleaseLimitationError, ReplicationCheckWarning, SpreadValueError, UnknownOperatorError,
                                 UnsupportedKerasError, UnsupportedTorchError)
     from ._rules.options import Options
     from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch

@@ -205,7 +205,9 @@ DEFECTS: Tuple[Defect, ...] = (
            workaround=Workaround.BUILTIN_REFUSAL, where="_rules/builtin_pack.py, _keras/ops/convolution.py",
            summary="DTensor labels a convolution's weight and bias gradients Partial whatever the input's layout"),
     Defect("view_flatten_split_dim", "torch", "torch_view_flatten_split_dim.py", **_ONLY_2_11,
-           workaround=Workaround.KERAS_OP_OVERRIDE, where="_keras/ops/local_einsum.py, _keras/ops/tensor_ops.py",
+           workaround=Workaround.KERAS_OP_OVERRIDE,
+           where="_keras/ops/local_einsum.py, _keras/ops/tensor_ops.py; elsewhere refused by name: "
+                 "_engine/release_refusals.py",
            summary="DTensor cannot flatten several dims into one when a dim after the first is split"),
     Defect("pad_2d_mesh_one_placement", "torch", "torch_pad_2d_mesh.py", **_ONLY_2_11,
            workaround=Workaround.KERAS_OP_OVERRIDE, where="_keras/ops/tensor_ops.py",

@@ -33,7 +33,8 @@ FORCED = pytest.mark.parametrize("forced", [
 FLATTENS_ON_2_11 = pytest.mark.xfail(
     has_defect(FLATTEN, torch.__version__), strict=True, raises=RankError,
     reason="torch 2.11's DTensor cannot flatten split heads into the batch, with every operand a DTensor too "
-           "(repros/torch_view_flatten_split_dim.py): a view no mixed call precedes")
+           "(repros/torch_view_flatten_split_dim.py): the package refuses the view by name there "
+           "(ReleaseLimitationError; tests/simulated/test_release_refusals.py follows its advice)")
 
 
 def heads_split(m):

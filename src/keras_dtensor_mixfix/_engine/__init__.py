@@ -24,7 +24,8 @@ entry.py        the dispatch rules torch calls, the torch-first policy, and ``pr
                    promotion, run as an exact reformulation; check.py: check mode); then the plain ``.grad``
                    hook (grad.py), stats (stats.py).
 
-Beside them: meshes.py and whole.py (DTensors on several meshes, whole values), specs.py (slices and specs).
+Beside them: meshes.py and whole.py (DTensors on several meshes, whole values), specs.py (slices and specs),
+release_refusals.py (the rules of single-tensor views a release's DTensor cannot run: refused by name there).
 State: context.py (the patch state the lifecycle writes), caches.py (everything remembered between calls,
 cleared in one place, including each op's opstate.OpState: its admission and fast-path entries), stats.py
 (the promotion counts, which outlive a cache clear and are reset by ``reset_stats``).

@@ -8,7 +8,9 @@ autograd backward and while ``torch.compile`` traces. The rule returns ``NotImpl
 when it has nothing to do, so torch then runs exactly its own path.
 
 Rules are installed on every operator whose schema takes two or more tensors (the only
-ones that can mix); ops with a single tensor input never pay anything.
+ones that can mix); ops with a single tensor input never pay anything, but for the view ops a
+release's DTensor cannot run in some layouts, refused by name on that release only
+(``_engine/release_refusals.py``, as the upstream-defect table says).
 
 The principle the rules follow: act only where torch itself would raise the mixed-operand error
 (or crash, as it does on a plain one-element tensor an op writes into). Everything torch handles
@@ -29,6 +31,7 @@ import torch
 
 from .._engine import context
 from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, on_other_meshes, torch_first
+from .._engine.release_refusals import release_rules
 from .._rules.ops import has_two_tensor_inputs, op_key
 from .._torch.api import dispatch_rule_for, register_dispatch_rule, registration_handle, shadow_register
 from .._torch.operators import OpOverload, all_op_names, op_schema
@@ -122,6 +125,9 @@ class DispatchRuleInterceptor:
         handle_mixed = torch_first(handle_mixed)
         self._rule = make_dispatch_rule(handle_mixed, on_other_meshes)
         self._write_rule = make_write_rule(self._rule, handle_mixed)
+        # single-tensor ops torch's release cannot run, refused by name there (_engine/release_refusals.py)
+        self._release_rules = release_rules()
+        self._ours = (self._rule, self._write_rule, *self._release_rules.values())
         self._handles: Dict[str, Any] = {}
         self._skipped: Dict[str, str] = {}
         self._yielding: Dict[str, _YieldingRegister] = {}
@@ -139,7 +145,7 @@ class DispatchRuleInterceptor:
 
     def install(self) -> None:
         """Hook every candidate op; the lifecycle then publishes this interceptor as the one in force."""
-        for qualname in candidate_qualnames():
+        for qualname in (*candidate_qualnames(), *self._release_rules):
             self._install_one(qualname)
         self.hold_pending()
         log.debug("dispatch rules installed on %d ops (%d skipped)", len(self._handles), len(self._skipped))
@@ -153,7 +159,7 @@ class DispatchRuleInterceptor:
                 self._skipped[qualname] = f"another torch_dispatch rule for DTensor is registered: {existing!r}"
                 return
             self._skipped.pop(qualname, None)
-            rule = self._write_rule if qualname in _writing_ops else self._rule
+            rule = self._release_rules.get(qualname) or (self._write_rule if qualname in _writing_ops else self._rule)
             self._handles[qualname] = register_dispatch_rule(qualname, self._dtensor, rule)
             if qualname not in self._yielding:
                 yielding = _YieldingRegister(qualname, self._dtensor)
@@ -179,7 +185,7 @@ class DispatchRuleInterceptor:
             handle = self._handles.pop(qualname, None)
             if handle is None:
                 return
-            if dispatch_rule_for(qualname, self._dtensor) in (self._rule, self._write_rule):
+            if dispatch_rule_for(qualname, self._dtensor) in self._ours:
                 handle.destroy()
             self._skipped[qualname] = "another library registered its own DTensor dispatch rule after patch()"
 
@@ -197,7 +203,7 @@ class DispatchRuleInterceptor:
         with self._lock:
             for qualname, handle in self._handles.items():
                 current = dispatch_rule_for(qualname, self._dtensor)
-                if current is self._rule or current is self._write_rule:
+                if any(current is rule for rule in self._ours):
                     handle.destroy()
                 elif current is not None:
                     foreign.append(qualname)
@@ -216,4 +222,4 @@ class DispatchRuleInterceptor:
         """True if our rule is the live one for ``qualname``; None if we never hooked it."""
         if qualname not in self._handles:
             return None
-        return dispatch_rule_for(qualname, self._dtensor) in (self._rule, self._write_rule)
+        return dispatch_rule_for(qualname, self._dtensor) in self._ours

@@ -65,6 +65,13 @@ class UnsupportedTorchError(MixfixError, RuntimeError):
     opt-in whose self-check failed."""
 
 
+class ReleaseLimitationError(MixfixError, RuntimeError):
+    """A call the running torch release's DTensor cannot run and a later release runs (a view that folds a split dim
+    on torch 2.11, say), refused before torch's own error: the message keeps torch's text and names the op, shapes,
+    placements, mesh, the releases that run it and what to do on this one. Subclasses ``RuntimeError`` because
+    torch's own refusal is one."""
+
+
 class DeviceAssignmentError(MixfixError, RuntimeError):
     """Two or more ranks of one host compute on one CUDA device under NCCL (which refuses that with
     ``Duplicate GPU detected``), found where the Keras integration builds the process group or a mesh.

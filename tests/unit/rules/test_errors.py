@@ -22,6 +22,7 @@ EXCEPTIONS = [
     (mf.ReplicationCheckError, RuntimeError),
     (mf.UnsupportedTorchError, RuntimeError),
     (mf.DeviceAssignmentError, RuntimeError),
+    (mf.ReleaseLimitationError, RuntimeError),
     (mf.InvalidArgumentError, ValueError),
     (mf.IncompleteCheckpointError, FileNotFoundError),
     (mf.UnknownOperatorError, ValueError),
