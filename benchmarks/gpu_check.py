@@ -167,6 +167,8 @@ def _keras_worker(device: str, backend: str, mesh: bool, jit: bool, correctness:
     spec = dict(backend=backend, device=device, mesh=mesh, jit=jit, correctness=correctness, timing=size,
                 dtypes=dtypes)
     env = {"KERAS_BACKEND": backend}
+    if mesh:  # the DTensor path on one device (by default a one-device mesh holds Keras' own plain tensors)
+        env["KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE"] = "1"
     if device == "cpu":
         env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     if backend == "jax":  # float32 matmuls in full float32, as torch's (JAX's default on GPUs is TF32)

@@ -5,7 +5,9 @@
 prints one JSON line. ``KERAS_BACKEND`` is set from the spec before Keras is imported. A torch worker with ``mesh``
 starts a one-rank process group (NCCL on cuda, gloo on cpu), installs the Keras integration and sets
 ``ModelParallel`` on a (1, 1) ("batch", "model") mesh with the layout map the package derives from Gemma
-(``keras_dtensor_mixfix.layouts.layout_map_for``); without ``mesh`` nothing of the package is installed. With
+(``keras_dtensor_mixfix.layouts.layout_map_for``), its variables DTensors (``gpu_check.py`` sets
+``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE=1``, checked here: by default a one-device mesh holds Keras' own plain
+tensors); without ``mesh`` nothing of the package is installed. With
 ``correctness`` it runs a tiny Gemma (fixed weights and data) through fit (2 epochs of one batch), evaluate, predict
 and greedy generate and returns every value; with ``timing`` it times ``train_on_batch`` at that size for each of
 ``dtypes``. fit/evaluate/predict are Keras' own (``keras.Model.fit``): with ``preprocessor=None`` keras_hub's only
@@ -69,6 +71,10 @@ def _gemma(spec: Dict[str, Any], config: Dict[str, Any]) -> Any:
     lm = keras_hub.models.GemmaCausalLM(backbone=keras_hub.models.GemmaBackbone(**config), preprocessor=None)
     rng = np.random.default_rng(0)
     lm.set_weights([(rng.normal(size=w.shape) * 0.1).astype(w.dtype) for w in lm.get_weights()])
+    if spec["mesh"] and os.environ.get("KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE") == "1":
+        from torch.distributed.tensor import DTensor
+
+        assert all(isinstance(w.value, DTensor) for w in lm.weights), "the mesh worker's variables are not DTensors"
     lm.compile(optimizer=keras.optimizers.Adam(0.01, epsilon=1e-4),
                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), sampler="greedy",
                jit_compile=spec["jit"])

@@ -36,9 +36,15 @@ COLLECTIVE_TIMEOUT = "KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT"
 """Seconds a collective of a process group the package creates (``keras.distribution.initialize()`` on Keras 3.12 to
 3.15) waits for every rank before it raises (``keras_integration.set_collective_timeout`` for one process)."""
 
+DTENSORS_ON_ONE_DEVICE = "KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE"
+"""``1`` keeps DTensors on a ``keras.distribution`` mesh of one device in a one-process job, where by default its
+variables and batches are plain tensors (every layout of one device is the whole tensor; DTensor's dispatch would
+only add host time): for checking the DTensor path on one GPU (``benchmarks/gpu_check.py``)."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT, COLLECTIVE_TIMEOUT}
+_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT, COLLECTIVE_TIMEOUT,
+                DTENSORS_ON_ONE_DEVICE}
 
 _warned: Set[Tuple[str, ...]] = set()
 _warned_lock = threading.Lock()
@@ -94,6 +100,11 @@ def allow_newer_torch(environ: Mapping[str, str] = os.environ) -> bool:
 def allow_newer_keras(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether ``KERAS_DTENSOR_MIXFIX_ALLOW_NEWER_KERAS`` opts in to a Keras newer than the newest tested one."""
     return _opted_in(ALLOW_NEWER_KERAS, environ, "a newer Keras stays refused (the default)")
+
+
+def dtensors_on_one_device(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE`` keeps DTensors on a one-device mesh."""
+    return _opted_in(DTENSORS_ON_ONE_DEVICE, environ, "a one-device mesh holds plain tensors (the default)")
 
 
 def collective_timeout_s(environ: Mapping[str, str] = os.environ) -> Optional[float]:

@@ -232,20 +232,48 @@ def _resolve(layout: Any) -> TorchLayout:
     return TorchLayout(mesh, tuple(placements))
 
 
+def on_one_device(layout: Any) -> bool:
+    """Whether ``layout``'s mesh is one device and the job one process: every layout of it is the whole tensor, so
+    variables and batches stay plain tensors on that device, as without a distribution (DTensor's dispatch would
+    only add host time: BENCHMARKS.md "What a GPU will see"), unless ``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE``
+    asks for DTensors."""
+    mesh = _resolve(layout).mesh
+    return mesh.size() == 1 and _world_size() == 1 and not env.dtensors_on_one_device()
+
+
+def _on_the_device(tensor: Any, mesh: Any) -> Any:
+    """A tensor that is whole on a one-device ``mesh``: a DTensor's local value, a plain one moved to the mesh's
+    device (without blocking) where it is elsewhere; non-tensors and symbolic tensors pass."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        return tensor.to_local()
+    if not isinstance(tensor, torch.Tensor) or is_symbolic(tensor):
+        return tensor
+    device = batch_device(mesh)
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
+
 def distribute_tensor(tensor: Any, layout: Any) -> Any:
-    """Give ``tensor`` (or every tensor in a structure) ``layout``; differentiable; symbolic tensors pass."""
+    """Give ``tensor`` (or every tensor in a structure) ``layout``; differentiable; symbolic tensors pass. On one
+    device (:func:`on_one_device`) the whole tensor on that device."""
     if layout is None:
         return tensor
     resolved = _resolve(layout)
+    if on_one_device(resolved):
+        return keras_modules.tree().map_structure(lambda leaf: _on_the_device(leaf, resolved.mesh), tensor)
     return keras_modules.tree().map_structure(lambda leaf: relayout(leaf, resolved), tensor)
 
 
 def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True) -> torch.nn.Parameter:
-    """An ``nn.Parameter`` holding a DTensor with ``layout``; rank 0's value wins, so ranks agree."""
+    """An ``nn.Parameter`` holding a DTensor with ``layout``; rank 0's value wins, so ranks agree. On one device
+    (:func:`on_one_device`) a plain parameter on that device, as Keras makes without a distribution."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import distribute_tensor as torch_distribute
 
     mesh, placements = _resolve(layout)
+    if on_one_device(layout):
+        return torch.nn.Parameter(_on_the_device(value.detach(), mesh), requires_grad=trainable)
     placements = fit_placements(value.shape, mesh, placements, "variable")
     if isinstance(value, DTensor):
         distributed = value.detach().redistribute(mesh, placements)
@@ -261,6 +289,9 @@ def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch
     from torch.distributed.tensor import full as sharded_full
 
     mesh, placements = _resolve(layout)
+    if on_one_device(layout):
+        return torch.nn.Parameter(torch.full(tuple(shape), fill, dtype=dtype, device=batch_device(mesh)),
+                                  requires_grad=trainable)
     placements = fit_placements(tuple(shape), mesh, placements, "variable")
     return torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
                                            placements=list(placements)), requires_grad=trainable)
@@ -356,6 +387,8 @@ def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: O
     if not isinstance(per_process_batch, torch.Tensor) or isinstance(per_process_batch, DTensor):
         return per_process_batch
     resolved = _resolve(layout)
+    if on_one_device(resolved):
+        return _on_the_device(per_process_batch, resolved.mesh)
     symbolic = is_symbolic(per_process_batch)
     if not symbolic and not per_process_batch.requires_grad:
         device = batch_device(resolved.mesh)

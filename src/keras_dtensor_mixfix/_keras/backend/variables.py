@@ -1,6 +1,7 @@
 """Layout-aware variables for a Keras whose torch ``Variable`` ignores layouts (3.12 to 3.15).
 
-A variable with a layout holds an ``nn.Parameter`` wrapping a DTensor; ``assign``,
+A variable with a layout holds an ``nn.Parameter`` wrapping a DTensor (on a mesh of one device in a one-process job,
+Keras' own plain parameter: ``distribution_lib.on_one_device``); ``assign``,
 ``set_weights`` and loading keep the layout; printing never gathers. Before Keras 3.15 the torch
 ``Variable`` dropped its ``layout`` argument (the one optimizers pass to give a slot variable its
 reference's layout): there it is kept as ``_layout``, as 3.15 keeps it.
@@ -50,7 +51,7 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
         if fill is not None:
             _resolve_layout(self, variable_shape(self))
             layout = variable_layout(self, None)
-            if layout is not None:
+            if layout is not None and not keras_modules.lib().on_one_device(layout):
                 # zeros, ones, a constant (biases, an optimizer's slots): each rank fills its own piece, no collective
                 set_variable_storage(self, keras_modules.lib().distribute_constant_variable(
                     variable_shape(self), fill, core.to_torch_dtype(variable_dtype(self)), layout,
@@ -82,8 +83,8 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
     def _initialize(self: Any, value: Any) -> None:
         _resolve_layout(self, value.shape)
         layout = variable_layout(self)
-        if layout is None:
-            return original_initialize(self, value)
+        if layout is None or keras_modules.lib().on_one_device(layout):
+            return original_initialize(self, value)  # (on one device: Keras' own variable, as without a distribution)
         if isinstance(value, torch.nn.Parameter) and not isinstance(value, DTensor):
             # A parameter shared with a torch module (TorchModuleWrapper): distributing a copy would
             # train a disconnected tensor, so it stays as it is.
