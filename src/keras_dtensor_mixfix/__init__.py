@@ -85,7 +85,7 @@ def __dir__() -> list:
 
 
 if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
-    from . import checkpoint, hookspecs, keras_integration, testing
+    from . import checkpoint, hookspecs, keras_integration, layouts, testing
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
     from ._rules.errors import (ArgumentTypeError, DeviceAssignmentError, IncompleteCheckpointError,
                                 InvalidArgumentError, MixedOperandError, MixfixError, ReplicationCheckError,

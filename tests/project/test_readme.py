@@ -555,3 +555,12 @@ def test_troubleshooting_quotes_the_messages_users_really_see(tmp_path):
             assert actual.startswith(expected[:-3].rstrip()), (block.where, real[block.value])
         else:
             assert actual == expected, f"{block.where} ({block.value}): the message is now\n{real[block.value]}"
+
+
+def test_ci_states_what_it_proves_not_how_past_runs_went():
+    """``.ci/run``'s comments say what each phase proves: no commit, date or run's seconds (fresh-clone timings go in
+    BENCHMARKS.md "CI", history in git and CHANGELOG.md)."""
+    history = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b|\b20\d\d-\d\d-\d\d\b|\b\d+ s\b")
+    found = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.lstrip().startswith("#") and history.search(line)]
+    assert found == [], found

@@ -149,3 +149,16 @@ def test_every_error_the_package_raises_is_a_mixfix_error_unless_listed_with_a_r
     assert not unlisted, f"raise a MixfixError subclass (keeping the builtin as a second base): {unlisted}"
     stale = set(BUILTIN_RAISES_KEPT) - {(path, name) for path, name, _ in found}
     assert not stale, f"BUILTIN_RAISES_KEPT lists raises that are gone: remove them: {sorted(stale)}"
+
+
+def test_what_type_checkers_see_is_every_public_name():
+    """``__init__``'s TYPE_CHECKING block imports every lazily exported name and public submodule, so that static
+    type checkers and IDEs see the same API as ``__all__``."""
+    import ast
+
+    tree = ast.parse(open(mf.__file__, encoding="utf-8").read())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
+    seen = {alias.asname or alias.name for node in ast.walk(block) if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+    assert set(mf.__all__) - {"__version__"} - seen == set()
+    assert set(mf._SUBMODULES) - seen == set()
