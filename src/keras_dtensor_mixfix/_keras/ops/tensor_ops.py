@@ -7,8 +7,9 @@
   ``generate()``). A sharded input is made ``Replicate`` first, so the write is allowed; values
   are unchanged and the (small) result is replicated. On torch 2.11, whose DTensor has no strategy for
   ``index_put_`` at all, the replicated values' local tensors are updated and wrapped again.
-- ``one_hot`` while compiling: DTensor has no strategy for the range check torch's ``one_hot`` makes
-  when traced (keras_hub's Qwen MoE router); each rank encodes its own piece.
+- ``one_hot`` while compiling, on the releases the defect table lists (``one_hot_compiled_assert_async``: 2.12 and
+  later): DTensor has no strategy for the range check torch's ``one_hot`` makes when traced (keras_hub's Qwen MoE
+  router); each rank encodes its own piece.
 - ``stack`` on torch 2.11, whose DTensor normalizes a negative ``axis`` against the inputs' rank, not the result's,
   so an input split at or after the new dim comes out labelled split along the dim after it: silently wrong values
   (keras_hub's rotary embedding stacks head-split halves with ``axis=-2``; ``repros/torch_stack_negative_dim.py``).
@@ -41,11 +42,12 @@ from ..boundary.patches import rebind_everywhere
 def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
     core = keras_modules.core()
     rebind_everywhere(patches, core.slice_update, _replicated_slice_update(core.slice_update))
-    nn = keras_modules.backend_nn()
-    rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
     from ..._torch.versions import has_defect, running_torch_version
 
     version = running_torch_version()
+    if has_defect("one_hot_compiled_assert_async", version):
+        nn = keras_modules.backend_nn()
+        rebind_everywhere(patches, nn.one_hot, _local_one_hot(nn.one_hot))
     numpy_module = keras_modules.backend_numpy()
     if has_defect("stack_negative_dim_misplaced", version):
         rebind_everywhere(patches, numpy_module.stack, _stack_on_a_non_negative_axis(numpy_module.stack))
