@@ -367,12 +367,12 @@ def stalled_rank(mode):
     waited_since = [time.monotonic()]
     try:
         if mode == "barrier":  # the barrier after a callback's writes, a save's end
-            from keras_dtensor_mixfix._keras.files import rank_zero_gather
+            from keras_dtensor_mixfix._keras.ranks import agreement
 
             if rank == 1:
                 raise RuntimeError("rank 1 failed")
             waited_since[0] = time.monotonic()
-            rank_zero_gather.barrier()
+            agreement.barrier()
         else:
             with _distributed((1, 2)) as batch_size:
                 model, x, y = _model_and_data(True)

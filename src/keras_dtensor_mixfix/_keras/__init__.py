@@ -18,6 +18,8 @@ The sub-packages, top to bottom (each imports only from those below it: an impor
 - :mod:`.files` | :mod:`.layout_maps`: Keras' files under a distribution (saving, slice loading, rank-zero
   gather, callbacks that write, the sharded checkpoint) | layout maps derived from a model, the sharding report
   and the whole-weight warning;
+- :mod:`.ranks`: what every rank agrees on through rank 0 (its value broadcast, the barrier of the group the
+  package created, the error a rank stops with when rank 0 stopped), which the backend and the files both use;
 - :mod:`.boundary`: the Keras boundary (the only modules naming Keras' private package and private attributes),
   the ``Override`` declaration and rebinding a Keras function wherever it was imported.
 

@@ -22,8 +22,8 @@ import torch.distributed as dist
 from ..._rules import env
 from ..._rules.errors import InvalidArgumentError
 from ..boundary import keras_modules
-from ..files import rank_zero_gather
-from ..files.rank_zero_gather import from_rank_zero
+from ..ranks import agreement
+from ..ranks.agreement import from_rank_zero
 from . import cuda_devices
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
 from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic,  # noqa: F401
@@ -121,7 +121,7 @@ def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int]
             else:
                 dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                                         world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
-        rank_zero_gather.created_group(timeout)
+        agreement.created_group(timeout)
         log.info("keras_dtensor_mixfix: process group %s, collective timeout %g s", backend, timeout.total_seconds())
     cuda_devices.check_one_rank_per_device()
     _agree_on_seed()

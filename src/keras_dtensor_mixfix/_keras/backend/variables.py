@@ -20,7 +20,7 @@ from ..boundary.keras_private import (VARIABLE_DIRECT_ASSIGN, VARIABLE_INITIALIZ
                             set_variable_storage, validated_shape, variable_dtype, variable_layout, variable_shape,
                             variable_storage)
 from ..boundary.overrides import Kind, Override
-from ..files.rank_zero_gather import RankZeroStopped
+from ..ranks.agreement import RankZeroStopped
 
 log = logging.getLogger("keras_dtensor_mixfix")
 

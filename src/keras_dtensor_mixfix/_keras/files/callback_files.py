@@ -43,7 +43,8 @@ from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere
-from . import commits, rank_zero_gather
+from ..ranks import agreement
+from . import commits
 
 FILE_CALLBACKS = ("BackupAndRestore", "ModelCheckpoint", "CSVLogger", "TensorBoard", "OrbaxCheckpoint")
 """Keras' callbacks that write files (those a Keras release has)."""
@@ -107,7 +108,7 @@ def flush_if_touched(*paths: Any) -> None:
         return
     if any(unit.touches(os.fspath(path)) for path in paths):
         _commit(unit)
-        rank_zero_gather.barrier()
+        agreement.barrier()
 
 
 def _commit(unit: commits.Unit) -> None:
@@ -130,7 +131,7 @@ def recover(path: Any) -> None:
     if checked is not None:
         checked.update(folders)
     finished = [commits.finish_interrupted(folder) for folder in folders] if _rank() == 0 else []
-    rank_zero_gather.from_rank_zero(int(any(finished)))  # the others wait until rank 0 has finished
+    agreement.from_rank_zero(int(any(finished)))  # the others wait until rank 0 has finished
 
 
 def _rank_zero_makedirs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -239,7 +240,7 @@ def _in_step(original: Callable[..., Any]) -> Callable[..., Any]:
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _in_section() or getattr(_state, "checked_here", None) is not None:
             return original(self, *args, **kwargs)
-        if not rank_zero_gather.multi_process():
+        if not agreement.multi_process():
             _state.checked_here = set()
             try:
                 return original(self, *args, **kwargs)
@@ -262,7 +263,7 @@ def _in_step(original: Callable[..., Any]) -> Callable[..., Any]:
             _state.wrote = True
             _commit(unit)
         if _state.wrote:
-            rank_zero_gather.barrier()  # what rank 0 wrote is there before any rank reads it
+            agreement.barrier()  # what rank 0 wrote is there before any rank reads it
         return result
 
     return hook
@@ -350,7 +351,7 @@ def _orbax_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def set_model(self: Any, model: Any) -> Any:
         result = original(self, model)
-        if rank_zero_gather.multi_process() and _rank() != 0 and not isinstance(self.checkpointer, _SavesDropped):
+        if agreement.multi_process() and _rank() != 0 and not isinstance(self.checkpointer, _SavesDropped):
             self.checkpointer = _SavesDropped(self.checkpointer)
         return result
 
@@ -375,7 +376,7 @@ _OWN_FOLDERS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary(
 def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def set_model(self: Any, model: Any) -> Any:
-        if not rank_zero_gather.multi_process() or _rank() == 0:
+        if not agreement.multi_process() or _rank() == 0:
             return original(self, model)
         log_dir = self.log_dir
         self.log_dir = _OWN_FOLDERS[self] = tempfile.mkdtemp(prefix=f"keras_dtensor_mixfix-tensorboard-rank{_rank()}-")

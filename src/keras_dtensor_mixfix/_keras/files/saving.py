@@ -32,6 +32,7 @@ from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere, replaced_for_the_call
+from ..ranks import agreement
 from . import callback_files, commits, rank_zero_gather, slice_loading
 from .memory import return_freed_memory
 
@@ -59,7 +60,7 @@ def _rank_zero_writes(original: Callable[..., Any]) -> Callable[..., Any]:
     def save(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
-        if not rank_zero_gather.multi_process():
+        if not agreement.multi_process():
             return original(model, filepath, *args, **kwargs)
         try:
             hook_unit = callback_files.current_unit()
@@ -84,7 +85,7 @@ def _staged(filepath: Any) -> bool:
 def _reading_slices(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
-        if not rank_zero_gather.multi_process():
+        if not agreement.multi_process():
             return original(*args, **kwargs)
         filepath = kwargs.get("filepath", args[1] if original.__name__ == "load_weights_only" and len(args) > 1
                               else args[0] if args else None)
@@ -131,10 +132,10 @@ def _save_elsewhere(original: Callable[..., Any], model: Any, filepath: Any, *ar
             result = original(model, os.path.join(scratch, name), *args, **kwargs)
         rank_zero_gather.await_end()
         return result
-    except rank_zero_gather.RankZeroStopped:
+    except agreement.RankZeroStopped:
         raise
     except BaseException:
-        with contextlib.suppress(rank_zero_gather.RankZeroStopped):
+        with contextlib.suppress(agreement.RankZeroStopped):
             rank_zero_gather.await_end()
         raise
     finally:

@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, Iterator, List
 
 from ..._rules.errors import IncompleteCheckpointError, InvalidArgumentError
 from ..boundary import keras_modules, keras_private
-from . import commits, rank_zero_gather
+from ..ranks import agreement
+from . import commits
 from .memory import return_freed_memory
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -99,7 +100,7 @@ def save(model: Any, path: str, include_optimizer: bool) -> List[str]:
         os.makedirs(folder, exist_ok=True)
         commits.prepare_staging(folder)
     if distributed:
-        rank_zero_gather.barrier()  # the staging folder is empty before any rank writes into it
+        agreement.barrier()  # the staging folder is empty before any rank writes into it
     with _one_process_said():
         dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(folder, commits.STAGING)),
                  no_dist=not distributed)
@@ -114,7 +115,7 @@ def save(model: Any, path: str, include_optimizer: bool) -> List[str]:
                 unit.delete(os.path.join(folder, name))  # the previous checkpoint's, which this one replaces
         commits.commit(unit)
     if distributed:
-        rank_zero_gather.barrier()  # no rank returns before the checkpoint is in place
+        agreement.barrier()  # no rank returns before the checkpoint is in place
     return_freed_memory()
     return list(keyed)
 
@@ -174,7 +175,7 @@ def _require_complete(folder: str) -> None:
     if not distributed or _rank() == 0:
         commits.finish_interrupted(folder)
     if distributed:
-        rank_zero_gather.barrier()
+        agreement.barrier()
     if not os.path.isfile(os.path.join(folder, METADATA)):
         raise IncompleteCheckpointError(_incomplete_message(folder))
     if commits.unfinished_save(folder):
