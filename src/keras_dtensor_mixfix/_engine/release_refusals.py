@@ -2,13 +2,14 @@
 
 torch 2.11's DTensor cannot view a tensor so that a split dim folds into the dim before it (``(batch, heads, rows,
 dim)`` with the heads split, viewed as ``(batch * heads, rows, dim)``): it raises ``Attempted to flatten multiple
-dimensions, with dimension 1 being sharded``, with every operand a DTensor too (``repros/torch_view_flatten_split_dim.py``;
-torch 2.12 and later give the flattened dim a strided split and run it on local pieces). ``torch.matmul`` (``@``) of
-operands with more than one batch dim and ``scaled_dot_product_attention``'s math path (a mask that needs a gradient)
-make that view on their way to ``bmm``, so a user meets torch's text with nothing naming the op they called or what to
-do. 2.11's strided splits cannot be carried further (its redistribution and ``mm`` refuse them), so the call is refused
-here, before DTensor's own refusal, by :class:`~keras_dtensor_mixfix.ReleaseLimitationError`, which keeps torch's text
-and adds the shapes, placements, mesh, the releases that run it and how to run it on this one.
+dimensions, with dimension 1 being sharded``, with every operand a DTensor too
+(``repros/torch_view_flatten_split_dim.py``; torch 2.12 and later give the flattened dim a strided split and run it
+on local pieces). ``torch.matmul`` (``@``) of a tensor of more than three dims, or of one of three beside a matrix,
+and ``scaled_dot_product_attention``'s math path (a mask that needs a gradient) make that view on their way to
+``bmm``, so a user meets torch's text with nothing naming the op they called or what to do. 2.11's strided splits
+cannot be carried further (its redistribution and ``mm`` refuse them), so the call is refused here, before DTensor's
+own refusal, by :class:`~keras_dtensor_mixfix.ReleaseLimitationError`, which keeps torch's text and adds the shapes,
+placements, mesh, the releases that run it and how to run it on this one.
 
 The rules are dispatch rules for the view ops (single-tensor ops, which the promotion rules never hook), installed by
 the lifecycle only on the releases the upstream-defect table lists for the defect; they return ``NotImplemented``
@@ -103,8 +104,9 @@ def _refusal(op_name: str, tensor: Any, size: Sequence[int], dim: int, mesh_dim:
         f"(placements {placements}, {describe_mesh(tensor.device_mesh)}, device {tensor.device}), into the dim "
         f"before it (torch: Attempted to flatten multiple dimensions, with dimension {dim} being sharded). "
         "torch.matmul (@) of a tensor of more than three dims, or of one of three beside a matrix, and "
-        "scaled_dot_product_attention with a mask that needs a gradient make this view. torch 2.12 and later run it on each rank's pieces "
-        "(repros/torch_view_flatten_split_dim.py). On this release, replicate that dim first: "
+        "scaled_dot_product_attention with a mask that needs a gradient make this view. torch 2.12 and later run "
+        "it on each rank's pieces (repros/torch_view_flatten_split_dim.py). On this release, replicate that dim "
+        "first: "
         f"x = x.redistribute(x.device_mesh, {replicated}) (its whole length on every rank of mesh dim {mesh_dim}), "
         "or upgrade torch to 2.12 or later.")
 

@@ -159,7 +159,9 @@ class DispatchRuleInterceptor:
                 self._skipped[qualname] = f"another torch_dispatch rule for DTensor is registered: {existing!r}"
                 return
             self._skipped.pop(qualname, None)
-            rule = self._release_rules.get(qualname) or (self._write_rule if qualname in _writing_ops else self._rule)
+            rule = self._release_rules.get(qualname)
+            if rule is None:
+                rule = self._write_rule if qualname in _writing_ops else self._rule
             self._handles[qualname] = register_dispatch_rule(qualname, self._dtensor, rule)
             if qualname not in self._yielding:
                 yielding = _YieldingRegister(qualname, self._dtensor)

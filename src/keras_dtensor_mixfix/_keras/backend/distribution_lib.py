@@ -237,7 +237,11 @@ def on_one_device(layout: Any) -> bool:
     variables and batches stay plain tensors on that device, as without a distribution (DTensor's dispatch would
     only add host time: BENCHMARKS.md "What a GPU will see"), unless ``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE``
     asks for DTensors."""
-    mesh = _resolve(layout).mesh
+    return _holds_plain_tensors(_resolve(layout).mesh)
+
+
+def _holds_plain_tensors(mesh: Any) -> bool:
+    """:func:`on_one_device` of a torch mesh."""
     return mesh.size() == 1 and _world_size() == 1 and not env.dtensors_on_one_device()
 
 
@@ -260,7 +264,7 @@ def distribute_tensor(tensor: Any, layout: Any) -> Any:
     if layout is None:
         return tensor
     resolved = _resolve(layout)
-    if on_one_device(resolved):
+    if _holds_plain_tensors(resolved.mesh):
         return keras_modules.tree().map_structure(lambda leaf: _on_the_device(leaf, resolved.mesh), tensor)
     return keras_modules.tree().map_structure(lambda leaf: relayout(leaf, resolved), tensor)
 
@@ -272,7 +276,7 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
     from torch.distributed.tensor import distribute_tensor as torch_distribute
 
     mesh, placements = _resolve(layout)
-    if on_one_device(layout):
+    if _holds_plain_tensors(mesh):
         return torch.nn.Parameter(_on_the_device(value.detach(), mesh), requires_grad=trainable)
     placements = fit_placements(value.shape, mesh, placements, "variable")
     if isinstance(value, DTensor):
@@ -285,13 +289,11 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
 def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch.dtype, layout: Any,
                                  trainable: bool = True) -> torch.nn.Parameter:
     """An ``nn.Parameter`` holding a DTensor of ``shape`` filled with ``fill``, each rank making only its own piece
-    (what ``distribute_variable`` gives for ``torch.full(shape, fill)``, with no whole tensor and no collective)."""
+    (what ``distribute_variable`` gives for ``torch.full(shape, fill)``, with no whole tensor and no collective).
+    Not for a layout :func:`on_one_device`: the variables take Keras' own path there."""
     from torch.distributed.tensor import full as sharded_full
 
     mesh, placements = _resolve(layout)
-    if on_one_device(layout):
-        return torch.nn.Parameter(torch.full(tuple(shape), fill, dtype=dtype, device=batch_device(mesh)),
-                                  requires_grad=trainable)
     placements = fit_placements(tuple(shape), mesh, placements, "variable")
     return torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
                                            placements=list(placements)), requires_grad=trainable)
@@ -387,7 +389,7 @@ def distribute_data_input(per_process_batch: Any, layout: Any, batch_dim_name: O
     if not isinstance(per_process_batch, torch.Tensor) or isinstance(per_process_batch, DTensor):
         return per_process_batch
     resolved = _resolve(layout)
-    if on_one_device(resolved):
+    if _holds_plain_tensors(resolved.mesh):
         return _on_the_device(per_process_batch, resolved.mesh)
     symbolic = is_symbolic(per_process_batch)
     if not symbolic and not per_process_batch.requires_grad:
