@@ -42,9 +42,9 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, ContextManager, List, Optional, Tuple, Union
 
-from ._keras.backend import backend_lib, values, variables
+from ._keras.backend import backend_lib, initial_values, values, variables
 from ._keras.boundary import keras_modules
 from ._keras.boundary.overrides import Override, in_order
 from ._keras.files import callback_files, saving
@@ -60,7 +60,7 @@ from ._rules.errors import UnsupportedKerasError
 log = logging.getLogger("keras_dtensor_mixfix")
 
 __all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "set_collective_timeout", "writes_once",
-           "UnsupportedKerasError"]
+           "sharding_independent_initial_values", "UnsupportedKerasError"]
 
 
 OVERRIDES: Tuple[Override, ...] = (
@@ -135,6 +135,21 @@ def writes_once(callback: Any) -> Any:
     Returns ``callback``. Without it a callback runs on every rank, as it does without the package; to write
     with your own code from one rank, test ``torch.distributed.get_rank() == 0``."""
     return callback_files.writes_once(callback)
+
+
+def sharding_independent_initial_values() -> ContextManager[None]:
+    """A context manager: within it (in this thread), Keras' element-wise random initializers (``RandomNormal``,
+    ``TruncatedNormal``, ``RandomUniform``, Glorot, He, Lecun: every ``VarianceScaling``) draw, without a distribution
+    too, the values a distributed job draws on Keras 3.12 to 3.15.
+
+    Under a distribution each rank draws only its own pieces of those initial values, with values that depend on
+    the seed, the shape, the dtype and each element's position alone, so they are the same on every mesh and in
+    any number of processes; they are not the values Keras draws without a distribution. A one-process reference
+    built within this context from the same seeds starts from the same weights as the distributed job. Outside it,
+    a process without a distribution draws as Keras does. On Keras 3.16, whose own variables draw every initial
+    value whole on every rank, Keras' values are the distributed ones too and this context changes nothing.
+    """
+    return initial_values.sharding_independent_initial_values()
 
 
 def set_compile_unit(unit: Optional[str]) -> None:

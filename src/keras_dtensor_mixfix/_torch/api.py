@@ -31,7 +31,7 @@ __all__ = [
     "is_traced", "current_compile_id",
     "aot_autograd_cache", "skipping_save", "cache_key_tagged", "device_meshes_keyed_by_groups", "device_mesh_cache_key",
     "reset_compiled_code", "is_masked_partial", "elastic_attempt_on_agent_store",
-    "is_exactly",
+    "is_exactly", "per_simulated_rank",
 ]
 
 # --------------------------------------------------------------------------- DTensor internals
@@ -409,3 +409,18 @@ def elastic_attempt_on_agent_store() -> Optional[int]:
         return None
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
     return int(count) if count.isdigit() else None
+
+
+# --------------------------------------------------------------------------- torch's rank simulator
+# LocalTensorMode (torch.distributed._local_tensor) holds every simulated rank's value in one process; a
+# rank's coordinate there is a symbolic int with each rank's value.
+
+
+def per_simulated_rank(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` that, under torch's rank simulator, runs once per simulated rank with each per-rank symbolic int
+    and ``LocalTensor`` among its arguments read as that rank's value, its results combined into per-rank values
+    (``torch.distributed._local_tensor.maybe_run_for_local_tensor``); elsewhere ``function`` itself. For a function
+    with no collective and no side effect (a piece computed from a rank's coordinate)."""
+    module = sys.modules.get("torch.distributed._local_tensor")  # not imported: no simulator can be running
+    runner = getattr(module, "maybe_run_for_local_tensor", None)
+    return function if runner is None else runner(function)

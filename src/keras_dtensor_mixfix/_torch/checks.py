@@ -18,7 +18,7 @@ from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, chec
 from .checks_dtensor import (check_api_imports, check_dtensor_attributes, check_dtensor_spec,
                              check_exact_placement_classes, check_fast_constructor, check_implicit_replication,
                              check_local_shape_and_offset, check_masked_partial,
-                             check_mixed_operand_error, check_redistribute_local_tensor, check_sharding_cache_clear,
+                             check_mixed_operand_error, check_per_simulated_rank, check_redistribute_local_tensor, check_sharding_cache_clear,
                              check_sharding_propagation, check_special_ops)
 from .checks_launch import check_elastic_agent_store
 from .probe import Check
@@ -60,5 +60,7 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("dynamo_reset", "torch._dynamo.reset", check_dynamo_reset),
     Check("elastic_agent_store", "torch.distributed.rendezvous._torchelastic_use_agent_store",
           check_elastic_agent_store),
+    Check("per_simulated_rank", "torch.distributed._local_tensor.maybe_run_for_local_tensor",
+          check_per_simulated_rank),
 )}
 """Every check by name, in the order they run (tests replace one to simulate a torch where it fails)."""

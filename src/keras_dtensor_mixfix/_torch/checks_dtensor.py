@@ -7,6 +7,8 @@ behave as the package relies on; ``checks.CHECKS`` lists them in the order they 
 
 from __future__ import annotations
 
+import sys
+
 from .probe import Probe, api_module, require
 
 
@@ -73,6 +75,21 @@ def check_local_shape_and_offset(probe: Probe) -> str:
         require(tuple(shape) == (4, 6) and tuple(offset) == (0, 0),
                  f"{placements}: local shape {tuple(shape)}, offset {tuple(offset)} on a world of one")
     return "compute_local_shape_and_global_offset(shape, mesh, placements) -> (local shape, global offset)"
+
+
+def check_per_simulated_rank(probe: Probe) -> str:
+    import importlib
+
+    api = api_module()
+    try:
+        importlib.import_module("torch.distributed._local_tensor")
+    except ImportError:
+        return "no rank simulator in this torch: per_simulated_rank is the function itself"
+    runner = getattr(sys.modules["torch.distributed._local_tensor"], "maybe_run_for_local_tensor", None)
+    require(callable(runner), "torch.distributed._local_tensor has no maybe_run_for_local_tensor")
+    # outside the simulator the wrapped function runs once, as itself
+    require(api.per_simulated_rank(lambda x: (x, 1))(3) == (3, 1), "per_simulated_rank changed a call outside the mode")
+    return "torch.distributed._local_tensor.maybe_run_for_local_tensor(function): one call per simulated rank"
 
 
 def check_redistribute_local_tensor(probe: Probe) -> str:

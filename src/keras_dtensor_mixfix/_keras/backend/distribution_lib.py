@@ -299,6 +299,30 @@ def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch
                                            placements=list(placements)), requires_grad=trainable)
 
 
+def distribute_drawn_variable(draw_piece: Any, shape: Tuple[int, ...], layout: Any,
+                              trainable: bool = True) -> Optional[torch.nn.Parameter]:
+    """An ``nn.Parameter`` holding a DTensor of ``shape`` with ``layout`` whose pieces each rank draws itself, with no
+    collective: ``draw_piece(box)`` gives the values at ``box`` (one slice per dim of ``shape``), the same values for
+    the same positions on every rank (a position-keyed draw). None where ``draw_piece`` gives None. Under torch's
+    rank simulator each simulated rank draws its own piece. Not for a layout :func:`on_one_device`."""
+    from ..._engine.specs import region
+    from ..._torch.api import compute_local_shape_and_global_offset, per_simulated_rank
+
+    mesh, placements = _resolve(layout)
+    placements = fit_placements(tuple(shape), mesh, placements, "variable")
+    local_shape, offset = compute_local_shape_and_global_offset(tuple(shape), mesh, placements)
+    device = _to_backend_device(_device_kind())
+
+    def drawn(local_shape: Any, offset: Any) -> Optional[torch.Tensor]:
+        piece = draw_piece(region(offset, local_shape))
+        return None if piece is None else piece.to(device)
+
+    local = per_simulated_rank(drawn)(local_shape, offset)
+    if local is None:
+        return None
+    return torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
+
+
 def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
     """Whether ``layout`` splits a tensor of ``shape`` over a mesh of every process (one per device)."""
     from torch.distributed.tensor import Shard

@@ -21,6 +21,7 @@ from ..boundary.keras_private import (VARIABLE_DIRECT_ASSIGN, VARIABLE_INITIALIZ
                             variable_storage)
 from ..boundary.overrides import Kind, Override
 from ..ranks.agreement import RankZeroStopped
+from . import initial_values
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -57,7 +58,10 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
                     variable_shape(self), fill, core.to_torch_dtype(variable_dtype(self)), layout,
                     trainable=self.trainable))
                 return
-        elif _pure_random(initializer):
+        elif initial_values.draws_by_position(initializer):
+            if _drawn_by_position(self, initializer):
+                return
+        if fill is None and _pure_random(initializer):
             shape = variable_shape(self)
             _resolve_layout(self, shape)
             lib = keras_modules.lib()
@@ -79,6 +83,31 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
                     whole, shape, core.to_torch_dtype(variable_dtype(self)), layout, trainable=self.trainable))
                 return
         original_initialize_with_initializer(self, initializer)
+
+    def _drawn_by_position(self: Any, initializer: Any) -> bool:
+        """Under a distribution (or within ``sharding_independent_initial_values``): the variable's value drawn by
+        position, each rank drawing only its own piece; False where the initializer turns out not to be one draw of
+        the variable's shape (the caller draws as Keras does)."""
+        shape = variable_shape(self)
+        _resolve_layout(self, shape)
+        layout = variable_layout(self, None)
+        if layout is None and not initial_values.sharding_independent():
+            return False
+        dtype = variable_dtype(self)
+        lib = keras_modules.lib()
+        if layout is not None and not lib.on_one_device(layout):
+            storage = lib.distribute_drawn_variable(
+                lambda box: initial_values.drawn_piece(initializer, shape, dtype, box), tuple(shape), layout,
+                trainable=self.trainable)
+            if storage is None:
+                return False
+            set_variable_storage(self, storage)
+            return True
+        whole = initial_values.drawn_piece(initializer, shape, dtype, ())
+        if whole is None:
+            return False
+        _initialize(self, whole)  # one device or no distribution: the whole value, through Keras' own path
+        return True
 
     def _initialize(self: Any, value: Any) -> None:
         _resolve_layout(self, value.shape)

@@ -361,3 +361,23 @@ def random_initializer_class() -> Any:
     from keras.src.initializers.random_initializers import RandomInitializer
 
     return RandomInitializer
+
+
+def random_initializers_module() -> Any:
+    """The module defining Keras' random initializers (RandomNormal, VarianceScaling, ...)."""
+    from keras.src.initializers import random_initializers
+
+    return random_initializers
+
+
+def random_package() -> Any:
+    """The random module Keras' initializers call by attribute (``random.normal(...)``, ``random.uniform(...)``):
+    the backend's own (``keras.src.backend.torch.random``), which the initializers' module imports as ``random``."""
+    return random_initializers_module().random
+
+
+def floatx() -> str:
+    """Keras' default float dtype."""
+    import keras
+
+    return keras.config.floatx()
