@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 
@@ -70,3 +71,19 @@ def for_this_process(distribution, arrays, batch_size):
         return batched[:, coordinate].reshape(-1, *array.shape[1:])
 
     return distribution, [rows(array) for array in arrays], per_process
+
+
+@contextlib.contextmanager
+def drawing_as_distributed_jobs():
+    """For a one-process reference: within, Keras' element-wise random initializers draw the initial values a
+    distributed job draws (``keras_integration.sharding_independent_initial_values``), the integration installed
+    for the block where it is not."""
+    from keras_dtensor_mixfix import keras_integration
+
+    installed_here = not keras_integration.is_installed() and keras_integration.install()
+    try:
+        with keras_integration.sharding_independent_initial_values():
+            yield
+    finally:
+        if installed_here:
+            keras_integration.uninstall()

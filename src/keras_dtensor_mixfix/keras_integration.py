@@ -148,7 +148,15 @@ def sharding_independent_initial_values() -> ContextManager[None]:
     built within this context from the same seeds starts from the same weights as the distributed job. Outside it,
     a process without a distribution draws as Keras does. On Keras 3.16, whose own variables draw every initial
     value whole on every rank, Keras' values are the distributed ones too and this context changes nothing.
+
+    Raises:
+        RuntimeError: on Keras 3.12 to 3.15 with the integration not installed (there Keras would draw its own
+            values within the context too).
     """
+    if variables.OVERRIDE.needed() and not is_installed():
+        raise RuntimeError("keras_dtensor_mixfix: sharding_independent_initial_values() needs the Keras integration "
+                           "installed, which draws the values: call keras_integration.install() first (it installs "
+                           "itself at `import keras` unless KERAS_DTENSOR_MIXFIX=0 is set)")
     return initial_values.sharding_independent_initial_values()
 
 

@@ -166,6 +166,8 @@ def test_each_rank_draws_only_its_pieces_and_the_initial_values_do_not_depend_on
     np.testing.assert_array_equal(dict(values)["wide/bias"], np.full((16,), 0.5, dtype="float32"))
 
 
+@pytest.mark.skipif(KERAS_OWN_DISTRIBUTION, reason="Keras 3.16 draws every initial value as Keras does, "
+                    "distributed or not: the context changes nothing there")
 def test_without_a_distribution_keras_draws_as_it_does_unless_asked_to_draw_by_position():
     import keras
 
@@ -188,6 +190,9 @@ def test_without_a_distribution_keras_draws_as_it_does_unless_asked_to_draw_by_p
     assert not np.array_equal(dict(by_position)["wide/kernel"], without_package[0])
     limit = np.sqrt(6 / (8 + 16))
     assert np.abs(dict(by_position)["wide/kernel"]).max() <= limit
+    # not installed, the context would not draw by position: it says so, and how to install
+    with pytest.raises(RuntimeError, match=r"keras_integration.install\(\) first"):
+        keras_integration.sharding_independent_initial_values()
 
 
 def warnings_on_ranks(world_size, rule):

@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from _keras_releases import for_this_process
+from _keras_releases import drawing_as_distributed_jobs, for_this_process
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 EPOCHS, INTERRUPTED_AT = 4, 2
@@ -42,13 +42,15 @@ def _model_and_data(distributed=False):
 @contextlib.contextmanager
 def _distributed(mesh_shape, batch_size=8):
     """Installs the integration and sets a ModelParallel distribution splitting both kernels on a ``mesh_shape``
-    mesh (None: nothing) for the block, which gets the batch size this process feeds; both undone after it."""
+    mesh (None: no distribution, Keras' initializers drawing what a distributed job draws) for the block, which gets
+    the batch size this process feeds; both undone after it."""
     import keras
 
     from keras_dtensor_mixfix import keras_integration
 
     if mesh_shape is None:
-        yield batch_size
+        with drawing_as_distributed_jobs():
+            yield batch_size
         return
     assert keras_integration.install()
     try:

@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 
+from _keras_releases import drawing_as_distributed_jobs
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 from test_keras import _data, _distribution, _model
@@ -122,7 +123,8 @@ def test_checkpoint_continues_training_as_one_process(tmp_path):
     path = str(tmp_path / "ckpt")
     run_on_ranks(dcp_on_ranks, 2, "model_parallel", None, path, True, world_size=2, timeout=600)
     x, y = _data()
-    reference = _trained("reference_")
+    with drawing_as_distributed_jobs():  # the initial weights the 2 ranks started from
+        reference = _trained("reference_")
     reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     resumed = _fresh()
     resumed.build((None, 8))

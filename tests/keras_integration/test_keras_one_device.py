@@ -1,7 +1,7 @@
 """A ``keras.distribution`` mesh of one device in a one-process job (a ModelParallel script run on one GPU): its
 variables, batches and outputs are Keras' own plain tensors on that device, so ``fit``, ``evaluate``, ``predict``,
 ``save_weights``/``load_weights`` and the ``.keras`` file give exactly what the same program gives without a
-distribution (bit for bit), with none of DTensor's host time per op (BENCHMARKS.md "What a GPU will see");
+distribution from the same initial weights (bit for bit), with none of DTensor's host time per op (BENCHMARKS.md "What a GPU will see");
 ``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE=1`` keeps DTensors there (what ``benchmarks/gpu_check.py`` checks on one
 GPU), with the same values to float tolerance.
 
@@ -11,12 +11,13 @@ mesh holds: these tests run on 3.12 to 3.15.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 import pytest
 
-from _keras_releases import KERAS_RELEASE
+from _keras_releases import KERAS_RELEASE, drawing_as_distributed_jobs
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 pytestmark = pytest.mark.skipif(
@@ -49,8 +50,10 @@ def one_device_program(folder, distributed, dtensors):
                                                                              batch_dim_name="batch"))
     try:
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
-                                  keras.layers.Dense(4, name="logits")])
+        # without a distribution: the initial values a distributed job draws (docs/keras.md "Building")
+        with contextlib.nullcontext() if distributed else drawing_as_distributed_jobs():
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                                      keras.layers.Dense(4, name="logits")])
         model.compile(optimizer=keras.optimizers.Adam(0.05),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         x, y = _data()

@@ -6,12 +6,13 @@ that splits nothing, and ``layouts.sharding_report``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
 import pytest
 
-from _keras_releases import KERAS_RELEASE, for_this_process
+from _keras_releases import KERAS_RELEASE, drawing_as_distributed_jobs, for_this_process
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 STEPS = 3
@@ -42,8 +43,9 @@ def torch_loop(mesh_shape):
                                                                              batch_dim_name="batch"))
     try:
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
-                                  keras.layers.Dense(4, name="logits")])
+        with contextlib.nullcontext() if distributed else drawing_as_distributed_jobs():
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                                      keras.layers.Dense(4, name="logits")])
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         optimizer = keras.optimizers.Adam(0.05, gradient_accumulation_steps=2)
         optimizer.build(model.trainable_variables)
