@@ -32,6 +32,7 @@ _EXPORTS = {
     "SpreadValueError": "._rules.errors",
     "ReleaseLimitationError": "._rules.errors",
     "UnsupportedKerasError": "._rules.errors",
+    "KerasIntegrationNotInstalledError": "._rules.errors",
     "InvalidArgumentError": "._rules.errors",
     "IncompleteCheckpointError": "._rules.errors",
     "UnknownOperatorError": "._rules.errors",
@@ -88,7 +89,7 @@ if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
     from . import checkpoint, hookspecs, keras_integration, layouts, testing
     from ._rules.decisions import Decision, MixedCall, Operand, Rule
     from ._rules.errors import (ArgumentTypeError, DeviceAssignmentError, IncompleteCheckpointError,
-                                InvalidArgumentError, MixedOperandError, MixfixError, ReplicationCheckError,
+                                InvalidArgumentError, KerasIntegrationNotInstalledError, MixedOperandError, MixfixError, ReplicationCheckError,
                                 ReleaseLimitationError, ReplicationCheckWarning, SpreadValueError, UnknownOperatorError,
                                 UnsupportedKerasError, UnsupportedTorchError)
     from ._rules.options import Options

@@ -55,7 +55,7 @@ from ._keras.ops import (activations, attention_ops, convolution, einsum_kernel_
 from ._keras.step import (compile, data, ddp, forked_train_step, layer_compile, promotion_mode, reductions,
                           tracebacks)
 from ._lifecycle.recorder import PatchRecorder
-from ._rules.errors import UnsupportedKerasError
+from ._rules.errors import KerasIntegrationNotInstalledError, UnsupportedKerasError
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -150,11 +150,11 @@ def sharding_independent_initial_values() -> ContextManager[None]:
     value whole on every rank, Keras' values are the distributed ones too and this context changes nothing.
 
     Raises:
-        RuntimeError: on Keras 3.12 to 3.15 with the integration not installed (there Keras would draw its own
-            values within the context too).
+        KerasIntegrationNotInstalledError: on Keras 3.12 to 3.15 with the integration not installed (there Keras
+            would draw its own values within the context too).
     """
     if variables.OVERRIDE.needed() and not is_installed():
-        raise RuntimeError("keras_dtensor_mixfix: sharding_independent_initial_values() needs the Keras integration "
+        raise KerasIntegrationNotInstalledError("keras_dtensor_mixfix: sharding_independent_initial_values() needs the Keras integration "
                            "installed, which draws the values: call keras_integration.install() first (it installs "
                            "itself at `import keras` unless KERAS_DTENSOR_MIXFIX=0 is set)")
     return initial_values.sharding_independent_initial_values()

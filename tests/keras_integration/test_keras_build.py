@@ -171,7 +171,7 @@ def test_each_rank_draws_only_its_pieces_and_the_initial_values_do_not_depend_on
 def test_without_a_distribution_keras_draws_as_it_does_unless_asked_to_draw_by_position():
     import keras
 
-    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix import KerasIntegrationNotInstalledError, keras_integration
 
     def kernels():
         keras.utils.set_random_seed(5)
@@ -191,7 +191,7 @@ def test_without_a_distribution_keras_draws_as_it_does_unless_asked_to_draw_by_p
     limit = np.sqrt(6 / (8 + 16))
     assert np.abs(dict(by_position)["wide/kernel"]).max() <= limit
     # not installed, the context would not draw by position: it says so, and how to install
-    with pytest.raises(RuntimeError, match=r"keras_integration.install\(\) first"):
+    with pytest.raises(KerasIntegrationNotInstalledError, match=r"keras_integration.install\(\) first"):
         keras_integration.sharding_independent_initial_values()
 
 

@@ -101,6 +101,11 @@ class UnsupportedKerasError(MixfixError, RuntimeError):
         self.reason = reason
 
 
+class KerasIntegrationNotInstalledError(MixfixError, RuntimeError):
+    """A Keras integration function that works only with the integration installed, called without it (on a Keras
+    release that needs it): the message names the function and says to call ``keras_integration.install()``."""
+
+
 class IncompleteCheckpointError(MixfixError, FileNotFoundError):
     """``checkpoint.load`` of a folder that holds no complete checkpoint: a save into it began and did not finish (a
     rank died during it), or none was ever made there. The message names the save left unfinished, the complete

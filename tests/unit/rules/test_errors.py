@@ -23,6 +23,7 @@ EXCEPTIONS = [
     (mf.UnsupportedTorchError, RuntimeError),
     (mf.DeviceAssignmentError, RuntimeError),
     (mf.ReleaseLimitationError, RuntimeError),
+    (mf.KerasIntegrationNotInstalledError, RuntimeError),
     (mf.InvalidArgumentError, ValueError),
     (mf.IncompleteCheckpointError, FileNotFoundError),
     (mf.UnknownOperatorError, ValueError),

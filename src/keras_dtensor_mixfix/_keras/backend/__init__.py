@@ -4,6 +4,8 @@
 - :mod:`.distribution_lib`: ours, the torch backend of ``keras.distribution`` for a Keras that has none (3.12 to
   3.15);
 - :mod:`.variables`: layout-aware variables (DTensor parameters);
+- :mod:`.initial_values`: Keras' element-wise random initializers drawn piece by piece, keyed by position;
+- :mod:`.position_draws`: the position-keyed generator (NumPy's counter-based Philox) and its distributions;
 - :mod:`.values`: global values out of ``convert_to_numpy``;
 - :mod:`.layouts`: Keras layouts as DTensor meshes and placements, and moving a tensor to one;
 - :mod:`.local_pieces`: computing on each rank's own pieces, the one way out of DTensor and back in;

@@ -25,9 +25,14 @@ ways of splitting it (a float32 or narrower one, rounded from float64, practical
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, Sequence, Tuple
 
 import numpy as np
+
+from ..._rules.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS = ("uniform", "normal", "truncated_normal")
 """The distributions drawn here: those Keras' element-wise initializers draw (RandomUniform, RandomNormal,
@@ -107,7 +112,7 @@ def draw(kind: str, seed: int, shape: Sequence[int], box: Sequence[slice], dtype
     import torch
 
     if kind not in KINDS:
-        raise ValueError(f"keras_dtensor_mixfix: no position-keyed draw of kind {kind!r}; the kinds are {KINDS}")
+        raise InvalidArgumentError(f"keras_dtensor_mixfix: no position-keyed draw of kind {kind!r}; the kinds are {KINDS}")
     box = tuple(box) + (slice(None),) * (len(shape) - len(box))
     piece_shape = tuple(len(range(*s.indices(int(size)))) for s, size in zip(box, shape))
     out = torch.empty(math.prod(piece_shape), dtype=dtype)
