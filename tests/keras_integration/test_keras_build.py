@@ -159,7 +159,9 @@ def test_each_rank_draws_only_its_pieces_and_the_initial_values_do_not_depend_on
         for (path, got), (_, want) in zip(other, values):
             np.testing.assert_array_equal(got, want, err_msg=path)
     # the same values on a mesh of one device and without a distribution, within sharding_independent_initial_values
-    for reference in (one_process_build((1, 1)), one_process_build(None)):
+    # (the one-device mesh in a process of its own: building it starts a process group, which the pytest process keeps)
+    one_device = run_on_ranks(one_process_build, (1, 1), world_size=1, timeout=300)[0]
+    for reference in (one_device, one_process_build(None)):
         assert [path for path, _ in values] == [path for path, _ in reference]
         for (path, got), (_, want) in zip(values, reference):
             np.testing.assert_array_equal(got, want, err_msg=path)
