@@ -158,8 +158,10 @@ def keras_mlp_step():
                                                                              batch_dim_name="batch"))
         keras.utils.set_random_seed(0)
         up, down = keras.layers.Dense(16, name="up"), keras.layers.Dense(4, name="down")
+        # whole (no rule): its input comes split by features, so backward leaves its gradient split unless laid out
+        mix = keras.layers.Dense(16, name="mix")
         inputs = keras.Input((8,))
-        model = keras.Model(inputs, down(up(inputs)))
+        model = keras.Model(inputs, down(mix(up(inputs))))
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(6, 8)).astype("float32"), rng.normal(size=(6, 4)).astype("float32")
@@ -167,7 +169,7 @@ def keras_mlp_step():
         losses = [float(model.train_on_batch(x, y)) for _ in range(2)]
         with torch.no_grad():
             hidden = up(keras.ops.convert_to_tensor(x))
-            output = down(hidden)
+            output = down(mix(hidden))
         grads = {v.path: (tuple(v.value.grad.placements), tuple(v.value.placements))
                  for v in model.trainable_weights if isinstance(v.value, DTensor)}
         return {"initial": initial, "losses": losses, "trained": model.get_weights(), "grads": grads,
@@ -190,10 +192,11 @@ def test_keras_step_settles_partial_sums_and_lays_out_gradients():
     assert not out["down_output_partial"]  # a row-sharded layer's output is reduced at the layer
     for path, (grad, parameter) in out["grads"].items():
         assert grad == parameter, path
+    assert any("mix/kernel" in path for path in out["grads"]), out["grads"]
     keras.utils.set_random_seed(0)
-    up, down = keras.layers.Dense(16, name="up"), keras.layers.Dense(4, name="down")
+    up, down, mix = keras.layers.Dense(16, name="up"), keras.layers.Dense(4, name="down"), keras.layers.Dense(16)
     inputs = keras.Input((8,))
-    model = keras.Model(inputs, down(up(inputs)))
+    model = keras.Model(inputs, down(mix(up(inputs))))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     model.set_weights(out["initial"])
     rng = np.random.default_rng(0)

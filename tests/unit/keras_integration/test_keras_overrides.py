@@ -48,3 +48,19 @@ def test_every_declared_override_is_in_the_install_order_with_its_line_and_attri
     position = {o.name: i for i, o in enumerate(ordered)}
     assert position["einsum kernel split"] > position["local einsum"]  # it wraps the einsum local einsum installs
     assert ordered[-1].name == "promotion mode"  # its report line is the last (tests/test_keras316.py reads it)
+
+
+def test_every_function_of_our_backend_that_makes_a_parameter_gets_the_gradient_hook():
+    """A parameter our ``distribution_lib`` makes that the gradient-layout hook misses keeps whatever placements
+    backward leaves its gradient (the optimizer's kernels then reduce it again): the hook's list is the functions
+    whose declared result is a parameter."""
+    import inspect
+
+    pytest.importorskip("keras")
+    from keras_dtensor_mixfix._keras.backend import distribution_lib
+    from keras_dtensor_mixfix._keras.step import reductions
+
+    making = sorted(name for name, function in inspect.getmembers(distribution_lib, inspect.isfunction)
+                    if function.__module__ == distribution_lib.__name__ and "Parameter" in str(
+                        inspect.signature(function).return_annotation))
+    assert making and sorted(reductions._MADE_BY_OUR_BACKEND) == making

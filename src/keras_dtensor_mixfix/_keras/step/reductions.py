@@ -60,7 +60,8 @@ GRADIENTS_LIKE_PARAMETERS = False
 """Whether the gradient hook acts: set while the integration is installed (parameters made then keep their hook
 after ``uninstall()``, which then changes nothing)."""
 
-_MADE_BY_OUR_BACKEND = ("distribute_variable", "distribute_constant_variable", "distribute_variable_from_rank_zero")
+_MADE_BY_OUR_BACKEND = ("distribute_variable", "distribute_constant_variable", "distribute_drawn_variable",
+                        "distribute_variable_from_rank_zero")
 """Our ``distribution_lib``'s functions that make a variable's parameter."""
 
 
