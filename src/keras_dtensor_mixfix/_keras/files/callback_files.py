@@ -49,6 +49,11 @@ from . import commits
 FILE_CALLBACKS = ("BackupAndRestore", "ModelCheckpoint", "CSVLogger", "TensorBoard", "OrbaxCheckpoint")
 """Keras' callbacks that write files (those a Keras release has)."""
 
+WRITES_NO_FILE = {
+    "RemoteMonitor": "its `path` is a URL's: each rank posts its logs to the server, and writes no file",
+}
+"""Keras' callbacks that take a path-like argument yet write no file, each with why: left as they are."""
+
 HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
          "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
          "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end", "set_model")
