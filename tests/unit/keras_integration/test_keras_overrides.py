@@ -54,13 +54,17 @@ def test_every_function_of_our_backend_that_makes_a_parameter_gets_the_gradient_
     """A parameter our ``distribution_lib`` makes that the gradient-layout hook misses keeps whatever placements
     backward leaves its gradient (the optimizer's kernels then reduce it again): the hook's list is the functions
     whose declared result is a parameter."""
+    import importlib
     import inspect
 
     pytest.importorskip("keras")
-    from keras_dtensor_mixfix._keras.backend import distribution_lib
+    from keras_dtensor_mixfix._keras import backend
     from keras_dtensor_mixfix._keras.step import reductions
 
-    making = sorted(name for name, function in inspect.getmembers(distribution_lib, inspect.isfunction)
-                    if function.__module__ == distribution_lib.__name__ and "Parameter" in str(
-                        inspect.signature(function).return_annotation))
-    assert making and sorted(reductions._MADE_BY_OUR_BACKEND) == making
+    for module_name in ("distribution_lib", "initial_pieces", "variables", "initial_values"):
+        module = importlib.import_module(f"{backend.__name__}.{module_name}")
+        making = sorted(name for name, function in inspect.getmembers(module, inspect.isfunction)
+                        if function.__module__ == module.__name__ and "Parameter" in str(
+                            inspect.signature(function).return_annotation))
+        assert sorted(reductions._MADE_BY_OUR_BACKEND.get(module_name, ())) == making, module_name
+    assert sum(len(names) for names in reductions._MADE_BY_OUR_BACKEND.values()) == 4

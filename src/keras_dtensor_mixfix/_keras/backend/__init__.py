@@ -4,6 +4,7 @@
 - :mod:`.distribution_lib`: ours, the torch backend of ``keras.distribution`` for a Keras that has none (3.12 to
   3.15);
 - :mod:`.variables`: layout-aware variables (DTensor parameters);
+- :mod:`.initial_pieces`: variables' initial values made in pieces (constants, position-keyed draws, rank 0's draws);
 - :mod:`.initial_values`: Keras' element-wise random initializers drawn piece by piece, keyed by position;
 - :mod:`.position_draws`: the position-keyed generator (NumPy's counter-based Philox) and its distributions;
 - :mod:`.values`: global values out of ``convert_to_numpy``;

@@ -28,7 +28,6 @@ from . import cuda_devices
 # DTensorLayout is not used here: Keras 3.16's module of this name has it.
 from .layouts import (DTensorLayout, TorchLayout, fit_placements, is_symbolic,  # noqa: F401
                       placements_for, relayout)
-from .local_pieces import from_pieces
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -232,6 +231,17 @@ def _resolve(layout: Any) -> TorchLayout:
     return TorchLayout(mesh, tuple(placements))
 
 
+def resolved_layout(layout: Any) -> TorchLayout:
+    """``layout`` (Keras' ``TensorLayout``, 3.16's ``DTensorLayout``, a ``TorchLayout`` or a (mesh, placements) pair)
+    as a ``TorchLayout``."""
+    return _resolve(layout)
+
+
+def this_ranks_device() -> torch.device:
+    """Where this rank's pieces of a variable live: its CUDA device, or the CPU."""
+    return _to_backend_device(_device_kind())
+
+
 def on_one_device(layout: Any) -> bool:
     """Whether ``layout``'s mesh is one device and the job one process: every layout of it is the whole tensor, so
     variables and batches stay plain tensors on that device, as without a distribution (DTensor's dispatch would
@@ -284,88 +294,6 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
     else:
         distributed = torch_distribute(value.detach(), mesh, list(placements), src_data_rank=0)
     return torch.nn.Parameter(distributed, requires_grad=trainable)
-
-
-def distribute_constant_variable(shape: Tuple[int, ...], fill: Any, dtype: torch.dtype, layout: Any,
-                                 trainable: bool = True) -> torch.nn.Parameter:
-    """An ``nn.Parameter`` holding a DTensor of ``shape`` filled with ``fill``, each rank making only its own piece
-    (what ``distribute_variable`` gives for ``torch.full(shape, fill)``, with no whole tensor and no collective).
-    Not for a layout :func:`on_one_device`: the variables take Keras' own path there."""
-    from torch.distributed.tensor import full as sharded_full
-
-    mesh, placements = _resolve(layout)
-    placements = fit_placements(tuple(shape), mesh, placements, "variable")
-    return torch.nn.Parameter(sharded_full(tuple(shape), fill, dtype=dtype, device_mesh=mesh,
-                                           placements=list(placements)), requires_grad=trainable)
-
-
-def distribute_drawn_variable(draw_piece: Any, shape: Tuple[int, ...], layout: Any,
-                              trainable: bool = True) -> Optional[torch.nn.Parameter]:
-    """An ``nn.Parameter`` holding a DTensor of ``shape`` with ``layout`` whose pieces each rank draws itself, with no
-    collective: ``draw_piece(box)`` gives the values at ``box`` (one slice per dim of ``shape``), the same values for
-    the same positions on every rank (a position-keyed draw). None where ``draw_piece`` gives None. Under torch's
-    rank simulator each simulated rank draws its own piece. Not for a layout :func:`on_one_device`."""
-    from ..._engine.specs import region
-    from ..._torch.api import compute_local_shape_and_global_offset, per_simulated_rank
-
-    mesh, placements = _resolve(layout)
-    placements = fit_placements(tuple(shape), mesh, placements, "variable")
-    local_shape, offset = compute_local_shape_and_global_offset(tuple(shape), mesh, placements)
-    device = _to_backend_device(_device_kind())
-
-    def drawn(local_shape: Any, offset: Any) -> Optional[torch.Tensor]:
-        piece = draw_piece(region(offset, local_shape))
-        return None if piece is None else piece.to(device)
-
-    local = per_simulated_rank(drawn)(local_shape, offset)
-    if local is None:
-        return None
-    return torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
-
-
-def shards_across_processes(shape: Tuple[int, ...], layout: Any) -> bool:
-    """Whether ``layout`` splits a tensor of ``shape`` over a mesh of every process (one per device)."""
-    from torch.distributed.tensor import Shard
-
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return False
-    mesh, placements = _resolve(layout)
-    return mesh.size() == dist.get_world_size() and any(  # fit_placements replicates the other splits
-        isinstance(p, Shard) and shape[p.dim] >= mesh.size(mesh_dim) for mesh_dim, p in enumerate(placements))
-
-
-def rank_zero_succeeded(succeeded: bool) -> bool:
-    """Every rank learns whether rank 0 succeeded (rank 0 passes whether it did; the others' argument is ignored)."""
-    return bool(from_rank_zero(int(succeeded)))
-
-
-def distribute_variable_from_rank_zero(whole: Optional[torch.Tensor], shape: Tuple[int, ...], dtype: torch.dtype,
-                                       layout: Any, trainable: bool = True) -> torch.nn.Parameter:
-    """An ``nn.Parameter`` holding a DTensor with ``layout`` whose value only rank 0 has (``whole``; None elsewhere):
-    rank 0 sends each rank its piece, and no other rank ever holds the whole."""
-    from ..._engine.specs import region
-    from ..._torch.api import compute_local_shape_and_global_offset
-
-    mesh, placements = _resolve(layout)
-    placements = fit_placements(tuple(shape), mesh, placements, "variable")
-    local_shape, offset = compute_local_shape_and_global_offset(tuple(shape), mesh, placements)
-    header = torch.tensor(list(local_shape) + list(offset), dtype=torch.int64)
-    rank = dist.get_rank()
-    headers = [torch.empty_like(header) for _ in range(dist.get_world_size())] if rank == 0 else None
-    dist.gather(header, headers, dst=0)
-    if rank == 0:
-        assert whole is not None
-        whole = whole.detach().to(dtype)
-        for other, other_header in enumerate(headers or ()):
-            other_shape, other_offset = other_header[:len(shape)].tolist(), other_header[len(shape):].tolist()
-            if other and 0 not in other_shape:
-                dist.send(whole[region(other_offset, other_shape)].contiguous(), dst=other)
-        local = whole[region(offset, local_shape)].clone()
-    else:
-        local = torch.empty(tuple(local_shape), dtype=dtype, device=_to_backend_device(_device_kind()))
-        if local.numel():
-            dist.recv(local, src=0)
-    return torch.nn.Parameter(from_pieces(local, mesh, list(placements), shape), requires_grad=trainable)
 
 
 def batch_device(mesh: Any) -> torch.device:

@@ -21,7 +21,7 @@ from ..boundary.keras_private import (VARIABLE_DIRECT_ASSIGN, VARIABLE_INITIALIZ
                             variable_storage)
 from ..boundary.overrides import Kind, Override
 from ..ranks.agreement import RankZeroStopped
-from . import initial_values
+from . import initial_pieces, initial_values
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -54,7 +54,7 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
             layout = variable_layout(self, None)
             if layout is not None and not keras_modules.lib().on_one_device(layout):
                 # zeros, ones, a constant (biases, an optimizer's slots): each rank fills its own piece, no collective
-                set_variable_storage(self, keras_modules.lib().distribute_constant_variable(
+                set_variable_storage(self, initial_pieces.distribute_constant_variable(
                     variable_shape(self), fill, core.to_torch_dtype(variable_dtype(self)), layout,
                     trainable=self.trainable))
                 return
@@ -66,7 +66,7 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
             _resolve_layout(self, shape)
             lib = keras_modules.lib()
             layout = variable_layout(self, None)
-            if layout is not None and lib.shards_across_processes(shape, layout):
+            if layout is not None and initial_pieces.shards_across_processes(shape, layout):
                 # a function of (seed, shape, dtype) alone: rank 0 draws it, the others only receive their pieces
                 whole, failure = None, None
                 if lib.process_id() == 0:
@@ -74,12 +74,12 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
                         whole = convert_for_variable(self, initializer(shape, dtype=variable_dtype(self)))
                     except Exception as error:  # noqa: BLE001  # said to the other ranks, then raised here
                         failure = error
-                if not lib.rank_zero_succeeded(failure is None):
+                if not initial_pieces.rank_zero_succeeded(failure is None):
                     if failure is not None:
                         raise failure
                     raise RankZeroStopped(f"keras_dtensor_mixfix: rank 0 raised while drawing the initial value of "
                                          f"{self.path} (its traceback says why); this rank stopped with it")
-                set_variable_storage(self, lib.distribute_variable_from_rank_zero(
+                set_variable_storage(self, initial_pieces.distribute_variable_from_rank_zero(
                     whole, shape, core.to_torch_dtype(variable_dtype(self)), layout, trainable=self.trainable))
                 return
         original_initialize_with_initializer(self, initializer)
@@ -96,7 +96,7 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
         dtype = variable_dtype(self)
         lib = keras_modules.lib()
         if layout is not None and not lib.on_one_device(layout):
-            storage = lib.distribute_drawn_variable(
+            storage = initial_pieces.distribute_drawn_variable(
                 lambda box: initial_values.drawn_piece(initializer, shape, dtype, box), tuple(shape), layout,
                 trainable=self.trainable)
             if storage is None:

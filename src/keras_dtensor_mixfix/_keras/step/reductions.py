@@ -27,6 +27,7 @@ the hooks left on parameters made meanwhile do nothing.
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from typing import Any, Callable
 
@@ -60,18 +61,21 @@ GRADIENTS_LIKE_PARAMETERS = False
 """Whether the gradient hook acts: set while the integration is installed (parameters made then keep their hook
 after ``uninstall()``, which then changes nothing)."""
 
-_MADE_BY_OUR_BACKEND = ("distribute_variable", "distribute_constant_variable", "distribute_drawn_variable",
-                        "distribute_variable_from_rank_zero")
-"""Our ``distribution_lib``'s functions that make a variable's parameter."""
+_MADE_BY_OUR_BACKEND = {"distribution_lib": ("distribute_variable",),
+                        "initial_pieces": ("distribute_constant_variable", "distribute_drawn_variable",
+                                           "distribute_variable_from_rank_zero")}
+"""Our backend's functions that make a variable's parameter, by module of ``_keras/backend``."""
 
 
 def _hook_our_parameters(patches: PatchRecorder) -> None:
     """Our backend's parameters (Keras 3.12 to 3.15): each one it makes gets the gradient hook."""
-    from ..backend import distribution_lib as ours
+    from .. import backend
 
     patches.set(sys.modules[__name__], "GRADIENTS_LIKE_PARAMETERS", True)
-    for name in _MADE_BY_OUR_BACKEND:
-        patches.set(ours, name, _hooking(getattr(ours, name)))
+    for module_name, names in _MADE_BY_OUR_BACKEND.items():
+        module = importlib.import_module(f"{backend.__name__}.{module_name}")
+        for name in names:
+            patches.set(module, name, _hooking(getattr(module, name)))
 
 
 def _hook_native_parameters(patches: PatchRecorder) -> None:
@@ -95,8 +99,8 @@ def _hooking(make_parameter: Callable[..., Any]) -> Callable[..., Any]:
 
 GRADIENTS_OF_OUR_PARAMETERS = Override(
     name="gradients like parameters", kind=Kind.KERAS_OBJECTS,
-    owner="this module; our distribution_lib (backend/distribution_lib.py)",
-    attributes=("GRADIENTS_LIKE_PARAMETERS",) + _MADE_BY_OUR_BACKEND,
+    owner="this module; our backend's distribution_lib and initial_pieces",
+    attributes=("GRADIENTS_LIKE_PARAMETERS",) + sum(_MADE_BY_OUR_BACKEND.values(), ()),
     description="sharded steps: gradients take their parameters' layouts",
     apply=_hook_our_parameters, needed=lambda: not keras_modules.native_layout_variables())
 """On Keras 3.12 to 3.15, whose variables our backend makes."""
