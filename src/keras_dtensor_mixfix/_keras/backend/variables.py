@@ -21,7 +21,7 @@ from ..boundary.keras_private import (VARIABLE_DIRECT_ASSIGN, VARIABLE_INITIALIZ
                             variable_storage)
 from ..boundary.overrides import Kind, Override
 from ..ranks.agreement import RankZeroStopped
-from . import initial_pieces, initial_values
+from . import initial_values
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -29,6 +29,8 @@ log = logging.getLogger("keras_dtensor_mixfix")
 def _layout_aware_variables(patches: PatchRecorder) -> None:
     import torch
     from torch.distributed.tensor import DTensor
+
+    from . import initial_pieces  # imports torch: not at the integration's import
 
     global_state = keras_modules.global_state()
     KerasVariable = keras_modules.base_variable_class()
