@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from typing import Any, Iterator, Optional, Sequence
 
+from ..._lifecycle.thread_switch import ThreadSwitch
 from ..boundary import keras_modules
 from ..boundary.patches import replaced_for_the_call
 from . import position_draws
@@ -31,7 +31,8 @@ these ``__call__`` methods (GlorotUniform and the rest of VarianceScaling's) dra
 _RANDOM_FUNCTIONS = {"normal": "normal", "truncated_normal": "truncated_normal", "uniform": "uniform"}
 """``keras.random``'s functions those initializers call, by the position-keyed kind that answers each."""
 
-_state = threading.local()
+_SHARDING_INDEPENDENT = ThreadSwitch()
+"""On within :func:`sharding_independent_initial_values`, in the thread that entered it."""
 
 
 class _NotElementwise(Exception):
@@ -102,14 +103,10 @@ def sharding_independent_initial_values() -> Iterator[None]:
     values a distributed job draws: a function of the seed, the shape, the dtype and each element's position, not of
     the mesh. A one-process reference built within starts from the weights a distributed job built from the same
     seeds starts from. Outside, without a distribution, Keras draws as it always does."""
-    previous = getattr(_state, "active", False)
-    _state.active = True
-    try:
+    with _SHARDING_INDEPENDENT.on():
         yield
-    finally:
-        _state.active = previous
 
 
 def sharding_independent() -> bool:
     """Whether :func:`sharding_independent_initial_values` is active in this thread."""
-    return bool(getattr(_state, "active", False))
+    return bool(_SHARDING_INDEPENDENT)

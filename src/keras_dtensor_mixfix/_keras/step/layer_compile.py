@@ -25,11 +25,11 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..._lifecycle.recorder import PatchRecorder
+from ..._lifecycle.thread_switch import ThreadSwitch
 from ..._rules import env
 from ..._rules.errors import InvalidArgumentError
 from ..boundary import keras_modules, keras_private
@@ -44,7 +44,8 @@ repeated block)."""
 UNITS = ("layer", "step")
 
 _override: List[Optional[str]] = [None]
-_active = threading.local()
+_LAYERS_COMPILING = ThreadSwitch()
+"""On within :func:`compiling_layers`, in the thread that entered it."""
 _prepared: "weakref.WeakKeyDictionary[Any, _Prepared]" = weakref.WeakKeyDictionary()
 """Each trainer prepared (held weakly: a model dropped is forgotten), with its groups and what was replaced."""
 
@@ -118,12 +119,8 @@ def prepare(trainer: Any) -> bool:
 @contextlib.contextmanager
 def compiling_layers() -> Iterator[None]:
     """Within it, the grouped layers run compiled (outside it, as Keras would: ``generate``, symbolic builds)."""
-    previous = getattr(_active, "on", False)
-    _active.on = True
-    try:
+    with _LAYERS_COMPILING.on():
         yield
-    finally:
-        _active.on = previous
 
 
 def compiling_layers_in(step: Any) -> Any:
@@ -163,7 +160,7 @@ class _Group:
     def call(self, member: Any, *args: Any, **kwargs: Any) -> Any:
         """``member``'s ``call``: through the compiled template within a compiled step, else its class's (while
         Keras builds or infers shapes, outside the steps, and inside a function torch is compiling)."""
-        if (_compiling() or self.eager_reason is not None or not getattr(_active, "on", False)
+        if (_compiling() or self.eager_reason is not None or not bool(_LAYERS_COMPILING)
                 or not _real_tensors(args, kwargs)):
             return self.original(member, *args, **kwargs)
         if self.template is None:
@@ -304,10 +301,10 @@ class _CompiledMethod:
         import torch
 
         owner = self.owner()
-        if (self.eager_reason is not None or not getattr(_active, "on", False) or not self.called
+        if (self.eager_reason is not None or not bool(_LAYERS_COMPILING) or not self.called
                 or not getattr(owner, "built", True) or torch.compiler.is_compiling()
                 or not _real_tensors(args, kwargs)):
-            self.called = self.called or getattr(_active, "on", False)
+            self.called = self.called or bool(_LAYERS_COMPILING)
             return self.original(owner, *args, **kwargs)
         try:
             return self.compiled(owner, *args, **kwargs)
