@@ -25,22 +25,20 @@ import multiprocessing
 import os
 import pickle
 import queue
-import random
 import shutil
-import socket
 import tempfile
 import threading
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._loopback_ports import LOOPBACK, free_port, port_taken
 from ._rules.errors import ArgumentTypeError, MixfixError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RankError", "WorkerStartError", "run_on_ranks", "mesh", "rank", "world_size", "shutdown_workers"]
 
-LOOPBACK = "127.0.0.1"
 # How long a rank waits in a collective for the others before gloo raises. Generous because ranks that compile
 # (TorchDynamo, inductor's C++ kernels) share few cores and reach their next collective minutes apart on a loaded
 # machine. It also bounds how long the others wait for a rank that raised before they raise too (RankError).
@@ -105,32 +103,6 @@ def mesh(shape: Optional[Sequence[int]] = None, names: Optional[Sequence[str]] =
 
 _worker_identity: Tuple[int, int] = (0, 1)
 """This worker's rank and world size (set when it starts)."""
-_retired_meshes: List[Any] = []
-"""Meshes of a process group this worker left (:func:`_rejoin_group`), kept alive so that no cache keyed by a mesh's
-identity can meet a new mesh at a freed one's address."""
-
-
-def _rejoin_group(port: int) -> bool:
-    """Run on every rank: leave the process group and join a new one on ``port``, with fresh compile caches.
-
-    Nothing a failed call left in flight (a message one rank sent that another never received) can reach a later
-    call over the new group's connections. Meshes built on the old group are retired; :func:`mesh` builds new ones.
-    """
-    import torch.distributed as dist
-
-    from ._torch.api import reset_compiled_code
-
-    dist.destroy_process_group()
-    _retired_meshes.extend(_worker_meshes.values())
-    _worker_meshes.clear()
-    reset_compiled_code()
-    # graphs compiled on the old group name its groups; a new cache directory keeps them from the new group
-    # (inside the pool's own directory, which the pool removes when it closes)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rejoined-", dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
-    _join_group(port)
-    return True
-
-
 def _join_group(port: int) -> None:
     """Join this worker's gloo process group on ``port`` (its rank and size: ``_worker_identity``)."""
     import torch.distributed as dist
@@ -167,7 +139,7 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
     try:
         _join_group(port)
     except Exception as exc:
-        if rank == 0 and _port_taken(exc):  # the parent starts the ranks again on another port
+        if rank == 0 and port_taken(exc):  # the parent starts the ranks again on another port
             results.put(("ready", rank, False, str(exc)))
             return
         raise
@@ -192,11 +164,6 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
         pass
 
 
-def _port_taken(exc: BaseException) -> bool:
-    """Whether rank 0 could not listen on its store's port because another socket holds it (``EADDRINUSE``)."""
-    return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -206,39 +173,6 @@ def _alive(pid: int) -> bool:
 
 
 # ----------------------------------------------------------------------------- parent side
-
-
-def _ephemeral_ports() -> Tuple[int, int]:
-    """The range the kernel takes the local ports of outgoing connections from (Linux's setting, else its default)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as settings:
-            low, high = (int(value) for value in settings.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _free_port() -> int:
-    """A port free to listen on, for rank 0's store: below the ephemeral range where it can be.
-
-    gloo opens many connections between ranks (of this pool and of any other run on the machine), each on a local port
-    from the ephemeral range; a port found free there can be taken by one of them before rank 0 listens on it
-    (``EADDRINUSE``). Below that range only another listener can take it.
-    """
-    low, _ = _ephemeral_ports()
-    draw = random.SystemRandom()  # not the random module's state, which a test may have seeded alike in every process
-    if low > 2048:
-        for _ in range(64):
-            port = draw.randrange(max(1024, low - 16384), low)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((LOOPBACK, port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
 
 
 class _PortTaken(Exception):
@@ -267,7 +201,7 @@ class _Pool:
         self.size = size
         self.results = context.Queue()
         self.tasks = [context.Queue() for _ in range(size)]
-        port = _free_port()
+        port = free_port()
         # Keep gloo's traffic on the loopback interface, and give the workers a compile cache of
         # their own: torch.compile's on-disk caches key DTensor graphs without the process-group
         # names baked into their collectives, so a graph cached by another run can name a group
@@ -400,11 +334,15 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     once (within seconds) if a rank's process died (``exc_type`` ``"WorkerDied"``), and
     :class:`WorkerStartError` if the workers could not start.
     """
-    return _run(fn, args, kwargs, world_size, timeout, start_timeout, rejoin=False)
+    return _run(fn, args, kwargs, world_size, timeout, start_timeout)
 
 
 def _run(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], world_size: int, timeout: float,
-         start_timeout: float, rejoin: bool) -> List[Any]:
+         start_timeout: float, keep_after_failure: Optional[Callable[[Callable[..., List[Any]], float], bool]] = None
+         ) -> List[Any]:
+    """:func:`run_on_ranks`; after a call in which every rank answered and some raised, ``keep_after_failure`` (if
+    given) is called with the pool's ``run`` and ``start_timeout``: where it returns True the workers are kept, else
+    (and without it) they are restarted for the next call."""
     global _exit_hook_registered
     with _pools_lock:
         pool = _pools.get(world_size)
@@ -420,28 +358,12 @@ def _run(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], 
         try:
             return pool.run(fn, args, kwargs, timeout)
         except RankError as error:
-            if rejoin and getattr(error, "_every_rank_answered", False):
-                try:
-                    pool.run(_rejoin_group, (_free_port(),), {}, start_timeout)
-                except RankError:
-                    pass  # the new group did not form: restart the workers, as below
-                else:
-                    raise error
+            every_rank_answered = getattr(error, "_every_rank_answered", False)
+            if keep_after_failure is not None and every_rank_answered and keep_after_failure(pool.run, start_timeout):
+                raise
             pool.close()
             del _pools[world_size]
             raise
-
-
-def _run_on_ranks_rejoining(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 300.0,
-                            start_timeout: float = 120.0, **kwargs: Any) -> List[Any]:
-    """:func:`run_on_ranks`, except that after a call in which every rank answered (some raised, none died or
-    timed out) the workers are kept and join a new process group (:func:`_rejoin_group`) instead of being
-    restarted: seconds saved per failing call where failures are expected (the torch repros' strict xfails).
-
-    For pure-torch functions only: state a failed call left in the workers' modules stays (a library's cache of
-    meshes on the old group, for one), which :func:`run_on_ranks`'s restart would have cleared.
-    """
-    return _run(fn, args, kwargs, world_size, timeout, start_timeout, rejoin=True)
 
 
 def shutdown_workers() -> None:

@@ -18,7 +18,8 @@ import torch
 
 from keras_dtensor_mixfix._torch.versions import release_of
 from keras_dtensor_mixfix._upstream import DEFECTS
-from keras_dtensor_mixfix.testing import RankError, _run_on_ranks_rejoining, run_on_ranks
+from _rejoining_ranks import run_on_ranks_rejoining
+from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros"))
 
@@ -97,7 +98,7 @@ def _run_repro(repro, *expected, world_size=4, on_2_11=None):
         expected = on_2_11
     try:
         # a failing repro (most of them, strict xfails) keeps the workers, on a new process group: pure torch
-        _run_on_ranks_rejoining(repro, world_size=world_size, timeout=300)
+        run_on_ranks_rejoining(repro, world_size=world_size, timeout=300)
     except RankError as error:
         assert all(text in str(error) for text in expected), error
         raise

@@ -66,11 +66,11 @@ def sum_of_ranks_over_a_mesh():
 
 
 def test_the_repros_helper_keeps_the_workers_on_a_new_process_group_after_a_failure():
-    from keras_dtensor_mixfix.testing import _run_on_ranks_rejoining
+    from _rejoining_ranks import run_on_ranks_rejoining
 
     before = run_on_ranks(sum_of_ranks_over_a_mesh, world_size=2)
     with pytest.raises(RankError) as info:
-        _run_on_ranks_rejoining(fail_on_rank, [0, 1], world_size=2)
+        run_on_ranks_rejoining(fail_on_rank, [0, 1], world_size=2)
     assert set(info.value.failures) == {0, 1}
     after = run_on_ranks(sum_of_ranks_over_a_mesh, world_size=2)
     assert [pid for pid, _, _ in after] == [pid for pid, _, _ in before]  # the same workers
@@ -189,18 +189,18 @@ def test_the_store_port_is_drawn_below_the_ports_outgoing_connections_take(monke
     import random
     import socket
 
-    from keras_dtensor_mixfix import testing
+    from keras_dtensor_mixfix import _loopback_ports as loopback
 
-    low, _ = testing._ephemeral_ports()
+    low, _ = loopback.ephemeral_ports()
     random.seed(0)  # a test seeding Python's random in every process must not make processes draw the same ports
-    ports = {testing._free_port() for _ in range(20)}
+    ports = {loopback.free_port() for _ in range(20)}
     assert all(max(1024, low - 16384) <= port < low for port in ports), (low, sorted(ports))
     assert len(ports) > 1
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((testing.LOOPBACK, ports.pop()))  # free to listen on
+        sock.bind((loopback.LOOPBACK, ports.pop()))  # free to listen on
     # where no range lies below the ephemeral one, a port the kernel gives
-    monkeypatch.setattr(testing, "_ephemeral_ports", lambda: (1024, 60999))
-    assert testing._free_port() > 0
+    monkeypatch.setattr(loopback, "ephemeral_ports", lambda: (1024, 60999))
+    assert loopback.free_port() > 0
 
 
 def store_port():
@@ -217,8 +217,8 @@ def test_ranks_whose_store_port_was_taken_before_rank_0_listened_start_again_on_
         holder.listen()
         taken = holder.getsockname()[1]
         draws = iter([taken])
-        draw = testing._free_port
-        monkeypatch.setattr(testing, "_free_port", lambda: next(draws, None) or draw())
+        draw = testing.free_port
+        monkeypatch.setattr(testing, "free_port", lambda: next(draws, None) or draw())
         pool = testing._start_pool(2, start_timeout=120)
         try:
             ports = pool.run(store_port, (), {}, timeout=60)
