@@ -23,11 +23,12 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..._rules.errors import InvalidArgumentError
-from ..boundary import keras_modules, keras_private
-from . import whole_weights
+from ..boundary import keras_modules
+from . import layer_reading, whole_weights
+from .layer_reading import Projection
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -77,76 +78,6 @@ class DerivedLayouts:
         return per_rank, whole
 
 
-@dataclass
-class _Projection:
-    """One kernel's contracted and kept axes: per kernel dim, whether it is contracted, and its label."""
-
-    layer: Any
-    kernel_labels: str
-    contracted: List[str]  # in the order the layer's input has them
-    kept: List[str]  # in the order the layer's output has them
-    sizes: Dict[str, int]
-
-    def width(self, labels: Sequence[str]) -> int:
-        return math.prod(self.sizes[label] for label in labels)
-
-
-def _einsum_projection(layer: Any, kernel_shape: Sequence[int]) -> Optional[_Projection]:
-    equation = str(layer.equation).replace(" ", "")
-    match = re.fullmatch(r"([a-zA-Z.]+),([a-zA-Z]+)->([a-zA-Z.]+)", equation)
-    if match is None or len(match.group(2)) != len(kernel_shape):
-        return None
-    inputs, kernel, output = match.groups()
-    sizes = dict(zip(kernel, kernel_shape))
-    contracted = [label for label in inputs if label in kernel and label not in output]
-    kept = [label for label in output if label in kernel]
-    return _Projection(layer, kernel, contracted, kept, sizes)
-
-
-def _dense_projection(layer: Any, kernel_shape: Sequence[int]) -> Optional[_Projection]:
-    if len(kernel_shape) != 2:
-        return None
-    return _Projection(layer, "io", ["i"], ["o"], {"i": kernel_shape[0], "o": kernel_shape[1]})
-
-
-def _own_variables(layer: Any, children: Sequence[Any]) -> List[Any]:
-    nested = {id(v) for child in children for v in child.weights}
-    return [v for v in layer.weights if id(v) not in nested]
-
-
-def _walk(layer: Any, parents: Tuple[Any, ...] = ()) -> Iterator[Tuple[Any, Tuple[Any, ...], List[Any]]]:
-    """Every layer under ``layer`` (itself first), with its ancestors and its direct children."""
-    children = keras_private.sublayers(layer)
-    yield layer, parents, children
-    for child in children:
-        yield from _walk(child, parents + (layer,))
-
-
-def _hidden_width(model: Any, token_embedding: Any) -> int:
-    backbone = getattr(model, "backbone", model)
-    width = getattr(backbone, "hidden_dim", None)
-    if isinstance(width, int) and width > 0:
-        return width
-    return int(token_embedding.output_dim)
-
-
-def _token_embedding(layers: Sequence[Any]) -> Any:
-    import keras
-
-    embeddings = [layer for layer in layers if isinstance(layer, keras.layers.Embedding)]
-    if not embeddings:
-        return None
-    return max(embeddings, key=lambda layer: int(layer.input_dim))
-
-
-def _num_experts(layer: Any, parents: Sequence[Any]) -> Optional[int]:
-    for owner in (layer, *reversed(parents)):
-        experts = getattr(owner, "num_experts", None)
-        if isinstance(experts, int) and experts > 1:
-            return experts
-    return None
-
-
 class _Deriver:
     def __init__(self, model: Any, mesh: Any, model_axis: str, data_axis: Optional[str]):
         self.mesh = mesh
@@ -154,14 +85,14 @@ class _Deriver:
         self.model_axis, self.data_axis = model_axis, data_axis
         self.model_size = sizes[model_axis]
         self.data_size = sizes[data_axis] if data_axis is not None else 1
-        self.walked = list(_walk(model))
+        self.walked = list(layer_reading.walk(model))
         self.children = {id(layer): children for layer, _, children in self.walked}
-        self.token_embedding = _token_embedding([layer for layer, _, _ in self.walked])
+        self.token_embedding = layer_reading.token_embedding([layer for layer, _, _ in self.walked])
         if self.token_embedding is None:
             raise InvalidArgumentError(
                 f"keras_dtensor_mixfix.layouts: {type(model).__name__} has no Embedding layer, so there is no "
                 "vocabulary or hidden width to derive a layout from; write a keras.distribution.LayoutMap by hand")
-        self.hidden = _hidden_width(model, self.token_embedding)
+        self.hidden = layer_reading.hidden_width(model, self.token_embedding)
         self.axes: Dict[str, Axes] = {}
         self.left_whole: Dict[str, str] = {}
         self.variables: Dict[str, Tuple[Tuple[int, ...], str]] = {}
@@ -196,7 +127,7 @@ class _Deriver:
         import keras
 
         for layer, parents, children in self.walked:
-            own = _own_variables(layer, children)
+            own = layer_reading.own_variables(layer, children)
             if not own:
                 continue
             for variable in own:
@@ -209,7 +140,7 @@ class _Deriver:
             elif isinstance(layer, (keras.layers.EinsumDense, keras.layers.Dense)):
                 self._projection_rule(layer, parents, own)
             else:
-                experts = _num_experts(layer, parents)
+                experts = layer_reading.num_experts(layer, parents)
                 for variable in own:
                     shape = tuple(variable.shape)
                     if experts is not None and len(shape) >= 2 and shape[0] == experts:
@@ -239,14 +170,14 @@ class _Deriver:
                 self._whole(variable, f"neither the vocabulary ({vocabulary}) nor the hidden width "
                                       f"({shape[hidden_dim]}) divides {self.model_size}", warn=True)
 
-    def _projection(self, layer: Any, kernel: Any) -> Optional[_Projection]:
+    def _projection(self, layer: Any, kernel: Any) -> Optional[Projection]:
         import keras
 
         if isinstance(layer, keras.layers.EinsumDense):
-            return _einsum_projection(layer, tuple(kernel.shape))
-        return _dense_projection(layer, tuple(kernel.shape))
+            return layer_reading.einsum_projection(layer, tuple(kernel.shape))
+        return layer_reading.dense_projection(layer, tuple(kernel.shape))
 
-    def _role(self, projection: _Projection, parents: Sequence[Any]) -> Optional[str]:
+    def _role(self, projection: Projection, parents: Sequence[Any]) -> Optional[str]:
         """"column" (split the kept axes: the layer reads the hidden state), "row" (split the contracted axes: it
         writes the hidden state), or None."""
         reads = projection.width(projection.contracted) == self.hidden
@@ -278,7 +209,7 @@ class _Deriver:
                                       "derivation reads")
             return
         # a router sits beside its experts: in the layer that counts them, or in a layer of its own there
-        experts = _num_experts(layer, parents[-1:])
+        experts = layer_reading.num_experts(layer, parents[-1:])
         if experts is not None and projection.width(projection.kept) == experts:
             for variable in own:
                 self._whole(variable, "a router: its logits are ranked over all experts, and it is small")
@@ -318,7 +249,7 @@ class _Deriver:
                 continue
             self._bias_rule(layer, variable, projection, role, label)
 
-    def _split_along_hidden(self, layer: Any, kernel: Any, projection: _Projection, split_side: Sequence[str],
+    def _split_along_hidden(self, layer: Any, kernel: Any, projection: Projection, split_side: Sequence[str],
                             other_side: Sequence[str], why: str) -> bool:
         """Where the heads (or features) do not divide the model axis: split the kernel along its hidden-width dim
         over the model axis instead, if the hidden width divides it (keras_hub's own maps split attention kernels
@@ -334,7 +265,7 @@ class _Deriver:
                    f"({self.hidden}) instead: a reduction across {self.model_axis!r} per projection")
         return True
 
-    def _bias_rule(self, layer: Any, variable: Any, projection: _Projection, role: str, label: str) -> None:
+    def _bias_rule(self, layer: Any, variable: Any, projection: Projection, role: str, label: str) -> None:
         shape = tuple(variable.shape)
         if role == "row":
             self._whole(variable, "a bias added after the split inputs are summed")
