@@ -28,13 +28,10 @@ treatment, or it tests ``torch.distributed.get_rank() == 0`` itself.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import io
 import os
-import shutil
-import tempfile
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional, Type
@@ -44,7 +41,7 @@ from ..boundary import keras_modules
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere
 from ..ranks import agreement
-from . import commits
+from . import commits, other_writers
 
 FILE_CALLBACKS = ("BackupAndRestore", "ModelCheckpoint", "CSVLogger", "TensorBoard", "OrbaxCheckpoint")
 """Keras' callbacks that write files (those a Keras release has)."""
@@ -333,85 +330,11 @@ def _file_callbacks_write_once(patches: PatchRecorder) -> None:
                 patches.set(callback_class, name, _marked(_in_step(treatment(hook) if treatment else hook)))
 
 
-class _SavesDropped:
-    """An Orbax checkpointer on a rank other than 0: its saves are rank 0's (dropped here); the rest is the
-    checkpointer's own."""
-
-    def __init__(self, checkpointer: Any) -> None:
-        self.checkpointer = checkpointer
-
-    def save_checkpointables(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def save_checkpointables_async(self, *args: Any, **kwargs: Any) -> "concurrent.futures.Future[None]":
-        done: "concurrent.futures.Future[None]" = concurrent.futures.Future()
-        done.set_result(None)
-        return done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.checkpointer, name)
+def _hook_wrote() -> None:
+    _state.wrote = True
 
 
-def _orbax_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def set_model(self: Any, model: Any) -> Any:
-        result = original(self, model)
-        if agreement.multi_process() and _rank() != 0 and not isinstance(self.checkpointer, _SavesDropped):
-            self.checkpointer = _SavesDropped(self.checkpointer)
-        return result
-
-    return set_model
-
-
-def _orbax_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> Any:
-        result = original(self, logs)
-        # rank 0's background saves are finished and on disk: the barrier of a hook that wrote (_in_step) follows
-        _state.wrote = True
-        return result
-
-    return on_train_end
-
-
-_OWN_FOLDERS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-"""The folder each TensorBoard callback writes to on this rank (not rank 0) since its ``set_model``."""
-
-
-def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def set_model(self: Any, model: Any) -> Any:
-        if not agreement.multi_process() or _rank() == 0:
-            return original(self, model)
-        log_dir = self.log_dir
-        self.log_dir = _OWN_FOLDERS[self] = tempfile.mkdtemp(prefix=f"keras_dtensor_mixfix-tensorboard-rank{_rank()}-")
-        weakref.finalize(self, shutil.rmtree, self.log_dir, ignore_errors=True)
-        try:
-            return original(self, model)  # its writers write under the rank's own folder
-        finally:
-            self.log_dir = log_dir
-
-    return set_model
-
-
-def _tensorboard_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> Any:
-        result = original(self, logs)  # closes the writers
-        own = _OWN_FOLDERS.pop(self, None)
-        if own is not None:
-            shutil.rmtree(own, ignore_errors=True)
-        # rank 0's event files are closed and complete: the barrier of a hook that wrote (_in_step) follows
-        _state.wrote = True
-        return result
-
-    return on_train_end
-
-
-_OWN_TREATMENT = {("OrbaxCheckpoint", "set_model"): _orbax_set_model,
-                  ("OrbaxCheckpoint", "on_train_end"): _orbax_train_end,
-                  ("TensorBoard", "set_model"): _tensorboard_set_model,
-                  ("TensorBoard", "on_train_end"): _tensorboard_train_end}
+_OWN_TREATMENT = other_writers.treatments(_hook_wrote)
 """Hooks of a callback that writes other than through ``file_utils``, with what each needs besides."""
 
 

@@ -208,7 +208,7 @@ def _streaming_store(name: str, store_class: type) -> type:
 
 
 @functools.lru_cache(maxsize=None)
-def _streaming_h5_store(store_class: type) -> type:
+def _streaming_h5_store(store_class: Any) -> type:  # store_class: Keras' H5IOStore (Keras is untyped)
     def __setitem__(self: Any, key: Any, value: Any) -> None:
         pending = value if isinstance(value, rank_zero_gather.PendingWhole) else None
         if pending is None and self.mode in ("w", "a"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -42,8 +42,8 @@ class StoredWeight(ArrayProxy):
             return np.dtype(ml_dtypes.bfloat16)
         return self._dataset.dtype
 
-    def read_slice(self, index: Tuple[slice, ...]) -> np.ndarray:
-        """The values in ``index`` (a tuple of slices; ``()`` reads everything), as Keras would convert them."""
+    def read_slice(self, index: Optional[Tuple[slice, ...]]) -> np.ndarray:
+        """The values in ``index`` (a tuple of slices; ``()`` or None reads everything), as Keras would convert them."""
         values = self._dataset[index] if index else self._dataset[()]
         if self._bfloat16:
             import ml_dtypes
@@ -70,14 +70,14 @@ def reading_slices() -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=None)
-def _slicing_store(store_class: type) -> type:
+def _slicing_store(store_class: Any) -> type:  # store_class: Keras' H5IOStore (Keras is untyped)
     saving_lib = keras_modules.saving_lib()
 
     def __getitem__(self: Any, key: Any) -> Any:
         import h5py
 
         group = keras_private.h5_entry_group(self)
-        dataset = None
+        dataset: Any = None
         if group is not None and not isinstance(group, dict):
             try:
                 dataset = saving_lib.safe_get_h5_dataset(group, key)
