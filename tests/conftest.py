@@ -45,7 +45,8 @@ def _in_folder(path: str, folder: str) -> bool:
 
 
 WORLD_SIZES = (2, 4)
-"""Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh (``_ranks.mesh_for``)."""
+"""Rank counts of the multi-rank scenarios: 2 ranks get a 1-D mesh, 4 the 2x2 ("dp", "tp") mesh
+(``_ranks.mesh_for``)."""
 
 _PLUGIN_MARKER = "mixfix"
 """The pytest plugin's marker (``keras_dtensor_mixfix.pytest_plugin``): it patches and restores a marked test itself."""
@@ -56,11 +57,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
     config.addinivalue_line("markers", "simulated: 8 to 512 ranks under torch's rank simulator (LocalTensorMode on the "
                                        "fake process group), in the pytest process (tests/simulated/)")
-    config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/models/); they skip without "
-                                       "keras_hub or jax")
-    config.addinivalue_line("markers", "keras: the Keras integration's multi-rank tests (tests/keras_integration/, tests/models/); CI runs "
-                                       "them on the newest torch and on 2.13.0, not on the oldest (its unit tests "
-                                       "run everywhere)")
+    config.addinivalue_line("markers", "models: real models, keras_hub and JAX references (tests/models/); they "
+                                       "skip without keras_hub or jax")
+    config.addinivalue_line("markers", "keras: the Keras integration's multi-rank tests (tests/keras_integration/, "
+                                       "tests/models/); CI runs them on the newest torch and on 2.13.0, not on the "
+                                       "oldest (its unit tests run everywhere)")
     config.addinivalue_line("markers", "transformers: transformers' own tensor parallelism on tiny random checkpoints "
                                        "(tests/transformers_tp/, the docs/transformers.md program); they skip "
                                        "without transformers (the `transformers` extra)")
@@ -88,7 +89,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session, exitstatus):
     """The rank workers end with the session (under ``-n``, README's test command, a pytest-xdist worker leaves without
     running ``atexit``; its ranks would otherwise wait out their process group on their own). A process that never
-    imported ``keras_dtensor_mixfix.testing`` started none (xdist's controller, ``-m unit``): nothing to import there."""
+    imported ``keras_dtensor_mixfix.testing`` started none (xdist's controller, ``-m unit``): nothing to import
+    there."""
     testing = sys.modules.get("keras_dtensor_mixfix.testing")
     if testing is not None:
         testing.shutdown_workers()

@@ -61,7 +61,8 @@ class RankError(MixfixError, RuntimeError):
         self.failures = failures or {}
         others = sorted(set(self.failures) - {rank})
         extra = f" (ranks {others} failed too)" if others else ""
-        super().__init__(f"rank {rank} raised {exc_type}: {message}{extra}\n--- traceback on rank {rank} ---\n{remote_traceback}")
+        super().__init__(f"rank {rank} raised {exc_type}: {message}{extra}\n"
+                         f"--- traceback on rank {rank} ---\n{remote_traceback}")
 
 
 class WorkerStartError(MixfixError, RuntimeError):
@@ -156,11 +157,11 @@ def _worker_main(rank: int, size: int, port: int, tasks: Any, results: Any, pare
         task_id, fn, args, kwargs = task
         try:
             results.put((task_id, rank, True, _pickled(fn, fn(*args, **kwargs))))
-        except BaseException as exc:  # report everything, including SystemExit, to the parent
+        except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit, to the parent
             results.put((task_id, rank, False, (type(exc).__qualname__, str(exc), traceback.format_exc())))
     try:
         dist.destroy_process_group()
-    except Exception:
+    except Exception:  # noqa: BLE001 - leaving anyway: a group that cannot be destroyed goes with the process
         pass
 
 
@@ -206,7 +207,8 @@ class _Pool:
         # their own: torch.compile's on-disk caches key DTensor graphs without the process-group
         # names baked into their collectives, so a graph cached by another run can name a group
         # that does not exist (or is another one) here.
-        self._cache_dir = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="mixfix-inductor-")
+        self._cache_dir = (None if "TORCHINDUCTOR_CACHE_DIR" in os.environ
+                           else tempfile.mkdtemp(prefix="mixfix-inductor-"))
         overrides = {"GLOO_SOCKET_IFNAME": "lo"}
         if self._cache_dir is not None:
             overrides["TORCHINDUCTOR_CACHE_DIR"] = self._cache_dir
@@ -233,7 +235,8 @@ class _Pool:
             try:
                 _, r, joined, detail = self.results.get(timeout=0.5)
             except queue.Empty:
-                dead = [(r, p.exitcode) for r, p in enumerate(self.processes) if r not in ready and p.exitcode is not None]
+                dead = [(r, p.exitcode) for r, p in enumerate(self.processes)
+                        if r not in ready and p.exitcode is not None]
                 if dead:
                     self.close()
                     raise WorkerStartError(_DIED_AT_START.format(rank=dead[0][0], code=dead[0][1])) from None
@@ -259,7 +262,8 @@ class _Pool:
         deadline = time.monotonic() + timeout
         while len(values) + len(failures) < self.size:
             try:
-                got_id, r, ok, payload = self.results.get(timeout=min(_LIVENESS_POLL_S, max(deadline - time.monotonic(), 0.01)))
+                wait = min(_LIVENESS_POLL_S, max(deadline - time.monotonic(), 0.01))
+                got_id, r, ok, payload = self.results.get(timeout=wait)
             except queue.Empty:
                 missing = sorted(set(range(self.size)) - set(values) - set(failures))
                 dead = [(m, self.processes[m].exitcode) for m in missing if self.processes[m].exitcode is not None]
@@ -292,7 +296,7 @@ class _Pool:
         for task_queue in self.tasks:
             try:
                 task_queue.put(None)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a queue already closed: its worker is stopped below
                 pass
         for process in self.processes:
             process.join(timeout=5)

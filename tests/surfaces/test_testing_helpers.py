@@ -1,4 +1,5 @@
-"""keras_dtensor_mixfix.testing: results, errors, time-outs and worker restarts; MixedCall.peer_for; built-in refusals."""
+"""keras_dtensor_mixfix.testing: results, errors, time-outs and worker restarts; MixedCall.peer_for; built-in
+refusals."""
 
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ Every torch-private name (a ``torch._...`` module or attribute, ``torch.distribu
 ``torch._C``, a ``_``-prefixed attribute of a torch object) is named in this package only:
 ``api`` (DTensor internals, dispatch rules, torch.compile), ``operators`` (operator classes,
 schemas, the dispatcher's list of names), ``dtensor_attributes`` (DTensor's local tensor and spec,
-off the hot path). ``checks`` checks each of them on the running torch; ``versions`` says which
-releases they were checked on. ``tests/unit/torch_boundary/test_torch_boundary.py`` fails when a module outside
-this package names one.
+off the hot path), ``processes`` (torchrun's worker environment, the rank simulator). ``checks`` checks
+each of them on the running torch; ``versions`` says which releases they were checked on.
+``tests/unit/torch_boundary/test_torch_boundary.py`` fails when a module outside this package names one.
 
 The one documented exception: the promotion engine (``_engine/``) reads ``DTensor._local_tensor``
 and ``DTensor._spec`` directly. It reads them several times per promoted op, on the hot path of

@@ -30,8 +30,7 @@ __all__ = [
     "clear_sharding_cache", "dispatch_rule_for", "register_dispatch_rule", "shadow_register", "registration_handle",
     "is_traced", "current_compile_id",
     "aot_autograd_cache", "skipping_save", "cache_key_tagged", "device_meshes_keyed_by_groups", "device_mesh_cache_key",
-    "reset_compiled_code", "is_masked_partial", "elastic_attempt_on_agent_store",
-    "is_exactly", "per_simulated_rank",
+    "reset_compiled_code", "is_masked_partial", "is_exactly",
 ]
 
 # --------------------------------------------------------------------------- DTensor internals
@@ -390,37 +389,3 @@ def dynamo_error_classes() -> Tuple[type, ...]:
 def reset_compiled_code() -> None:
     """Drop torch.compile's in-memory compiled code, so every compiled function recompiles on its next call."""
     torch._dynamo.reset()
-
-
-# --------------------------------------------------------------------------- torchrun's worker environment
-# torchrun's agent tells its workers whether they build their process group on its own TCP store
-# (``TORCHELASTIC_USE_AGENT_STORE``, read by ``torch.distributed.rendezvous._torchelastic_use_agent_store``), which
-# outlives a restart, and which attempt they are (``TORCHELASTIC_RESTART_COUNT``).
-
-
-def elastic_attempt_on_agent_store() -> Optional[int]:
-    """The restart count of this torchrun worker where its process group goes on the agent's own store (shared by
-    every attempt); None outside torchrun or where each attempt gets a store of its own."""
-    import os
-
-    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # torch.distributed.rendezvous: a function
-
-    if not rendezvous._torchelastic_use_agent_store():
-        return None
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-    return int(count) if count.isdigit() else None
-
-
-# --------------------------------------------------------------------------- torch's rank simulator
-# LocalTensorMode (torch.distributed._local_tensor) holds every simulated rank's value in one process; a
-# rank's coordinate there is a symbolic int with each rank's value.
-
-
-def per_simulated_rank(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` that, under torch's rank simulator, runs once per simulated rank with each per-rank symbolic int
-    and ``LocalTensor`` among its arguments read as that rank's value, its results combined into per-rank values
-    (``torch.distributed._local_tensor.maybe_run_for_local_tensor``); elsewhere ``function`` itself. For a function
-    with no collective and no side effect (a piece computed from a rank's coordinate)."""
-    module = sys.modules.get("torch.distributed._local_tensor")  # not imported: no simulator can be running
-    runner = getattr(module, "maybe_run_for_local_tensor", None)
-    return function if runner is None else runner(function)

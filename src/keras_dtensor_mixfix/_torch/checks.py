@@ -18,13 +18,15 @@ from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, chec
 from .checks_dtensor import (check_api_imports, check_dtensor_attributes, check_dtensor_spec,
                              check_exact_placement_classes, check_fast_constructor, check_implicit_replication,
                              check_local_shape_and_offset, check_masked_partial,
-                             check_mixed_operand_error, check_per_simulated_rank, check_redistribute_local_tensor, check_sharding_cache_clear,
+                             check_mixed_operand_error, check_per_simulated_rank, check_redistribute_local_tensor,
+                             check_sharding_cache_clear,
                              check_sharding_propagation, check_special_ops)
 from .checks_launch import check_elastic_agent_store
 from .probe import Check
 
 CHECKS: Dict[str, Check] = {check.name: check for check in (
-    Check("api_imports", "keras_dtensor_mixfix._torch.api imports (its private torch imports exist)", check_api_imports),
+    Check("api_imports", "keras_dtensor_mixfix._torch.api imports (its private torch imports exist)",
+          check_api_imports),
     Check("dtensor_spec", "torch.distributed.tensor._dtensor_spec.DTensorSpec, TensorMeta", check_dtensor_spec),
     Check("dtensor_attributes", "DTensor._local_tensor, DTensor._spec", check_dtensor_attributes),
     Check("fast_constructor", "torch.Tensor._dtensor__new__ (DTensor's C++ constructor)", check_fast_constructor),
@@ -45,7 +47,8 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("implicit_replication", "torch._C._get_dtensor_allow_implicit_replication", check_implicit_replication),
     Check("mixed_operand_error", "torch's mixed-operand error text", check_mixed_operand_error),
     Check("sharding_cache_clear", "torch._C._clear_DTensor_sharding_propagator_cache", check_sharding_cache_clear),
-    Check("dispatch_rule_registry", "torch._library.simple_registry torch_dispatch_rules", check_dispatch_rule_registry),
+    Check("dispatch_rule_registry", "torch._library.simple_registry torch_dispatch_rules",
+          check_dispatch_rule_registry),
     Check("rule_before_fast_path", "a (op, DTensor) dispatch rule runs before DTensor's fast path, eager and backward",
           check_rule_runs_before_fast_path),
     Check("register_through_holder", "torch.library.register_torch_dispatch -> holder.register",

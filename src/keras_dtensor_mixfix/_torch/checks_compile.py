@@ -103,10 +103,12 @@ def check_device_mesh_cache_key(probe: Probe) -> str:
     with api.device_meshes_keyed_by_groups():
         with api.device_meshes_keyed_by_groups():  # nested: one patch
             keyed = FxGraphCachePickler(graph).dumps(probe.mesh)
-        require(isinstance(FxGraphCachePickler(graph).dispatch_table, dict), "FxGraphCachePickler has no dispatch_table")
+        require(isinstance(FxGraphCachePickler(graph).dispatch_table, dict),
+                "FxGraphCachePickler has no dispatch_table")
         expected = ("cpu", probe.mesh.mesh.tolist(), probe.mesh.mesh_dim_names, (probe.mesh.get_group(0).group_name,))
         require(pickle.loads(keyed) == api.device_mesh_cache_key(*expected),
-                "a DeviceMesh is not pickled by device type, ranks, dim names and group names in the FX graph cache key")
+                "a DeviceMesh is not pickled by device type, ranks, dim names and group names "
+                "in the FX graph cache key")
     require(FxGraphCachePickler.__dict__["__init__"] is original
             and DeviceMesh not in FxGraphCachePickler(graph).dispatch_table,
             "the patch of FxGraphCachePickler.__init__ was not undone")

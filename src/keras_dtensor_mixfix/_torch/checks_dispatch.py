@@ -79,7 +79,8 @@ def check_dispatch_rule_registry(probe: Probe) -> str:
 
     api = api_module()
     probe.probe_op()
-    require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is None, "a DTensor rule is already registered on the probe op")
+    require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is None,
+            "a DTensor rule is already registered on the probe op")
     require(api._rule_holder(PROBE_QUALNAME) is api._rule_holder(PROBE_QUALNAME),
             "simple_registry.singleton.find(op) returns a new holder each time")
 
@@ -88,7 +89,8 @@ def check_dispatch_rule_registry(probe: Probe) -> str:
 
     handle = api.register_dispatch_rule(PROBE_QUALNAME, DTensor, rule)
     try:
-        require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is rule, "holder.find does not return the registered rule")
+        require(api.dispatch_rule_for(PROBE_QUALNAME, DTensor) is rule,
+                "holder.find does not return the registered rule")
         try:
             api.register_dispatch_rule(PROBE_QUALNAME, DTensor, rule)
         except RuntimeError:

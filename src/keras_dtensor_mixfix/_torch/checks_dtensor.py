@@ -22,7 +22,8 @@ def check_dtensor_spec(probe: Probe) -> str:
     from torch.distributed.tensor import Shard
 
     api = api_module()
-    spec = api.DTensorSpec(probe.mesh, (Shard(0),), tensor_meta=api.TensorMeta(torch.Size((4, 4)), (4, 1), torch.float32))
+    spec = api.DTensorSpec(probe.mesh, (Shard(0),),
+                           tensor_meta=api.TensorMeta(torch.Size((4, 4)), (4, 1), torch.float32))
     theirs = probe.dtensor._spec
     require(spec == theirs and hash(spec) == hash(theirs),
              f"a DTensorSpec built like promotion builds one ({spec!r}) differs from DTensor's own ({theirs!r})")
@@ -80,7 +81,8 @@ def check_local_shape_and_offset(probe: Probe) -> str:
 def check_per_simulated_rank(probe: Probe) -> str:
     import importlib
 
-    api = api_module()
+    from . import processes
+
     try:
         importlib.import_module("torch.distributed._local_tensor")
     except ImportError:
@@ -88,7 +90,8 @@ def check_per_simulated_rank(probe: Probe) -> str:
     runner = getattr(sys.modules["torch.distributed._local_tensor"], "maybe_run_for_local_tensor", None)
     require(callable(runner), "torch.distributed._local_tensor has no maybe_run_for_local_tensor")
     # outside the simulator the wrapped function runs once, as itself
-    require(api.per_simulated_rank(lambda x: (x, 1))(3) == (3, 1), "per_simulated_rank changed a call outside the mode")
+    require(processes.per_simulated_rank(lambda x: (x, 1))(3) == (3, 1),
+            "per_simulated_rank changed a call outside the mode")
     return "torch.distributed._local_tensor.maybe_run_for_local_tensor(function): one call per simulated rank"
 
 
@@ -154,8 +157,10 @@ def check_sharding_propagation(probe: Probe) -> str:
     require(isinstance(local, api.LocalOutput), f"local_output_spec returned {local!r}")
     spec = local.output_spec
     require(isinstance(spec, api.DTensorSpec) and tuple(spec.placements) == (Shard(0),)
-            and spec.tensor_meta is not None and local.meta_known, f"output_spec {spec!r}, meta_known {local.meta_known}")
-    require(local.runs_locally is True, f"runs_locally {local.runs_locally!r} (needs_redistribute) on a matching Shard(0)")
+            and spec.tensor_meta is not None and local.meta_known,
+            f"output_spec {spec!r}, meta_known {local.meta_known}")
+    require(local.runs_locally is True,
+            f"runs_locally {local.runs_locally!r} (needs_redistribute) on a matching Shard(0)")
     # an mm of Shard(0) by Shard(1): DTensor redistributes an operand first (even on the probe's mesh of one)
     other = dtensor.redistribute(dtensor.device_mesh, (Replicate(),)).redistribute(dtensor.device_mesh, (Shard(1),))
     moved = api.local_output_spec(torch.ops.aten.mm.default, (dtensor, other), {})

@@ -1,8 +1,10 @@
-"""Self-checks of what the package reads of torchrun's worker environment (``api.elastic_attempt_on_agent_store``)."""
+"""Self-checks of what the package reads of torchrun's worker environment
+(``processes.elastic_attempt_on_agent_store``)."""
 
 from __future__ import annotations
 
-from .probe import Probe, api_module, require
+from . import processes
+from .probe import Probe, require
 
 
 def check_elastic_agent_store(probe: Probe) -> str:
@@ -14,10 +16,11 @@ def check_elastic_agent_store(probe: Probe) -> str:
 
     reads = getattr(rendezvous, "_torchelastic_use_agent_store", None)
     require(callable(reads), "torch.distributed.rendezvous._torchelastic_use_agent_store is missing")
+    assert callable(reads)  # for type checkers: require() raised otherwise
     with mock.patch.dict(os.environ, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="2"):
-        shared = reads(), api_module().elastic_attempt_on_agent_store()
+        shared = reads(), processes.elastic_attempt_on_agent_store()
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-        own = reads(), api_module().elastic_attempt_on_agent_store()
+        own = reads(), processes.elastic_attempt_on_agent_store()
     require(shared == (True, 2) and own == (False, None),
             f"TORCHELASTIC_USE_AGENT_STORE no longer decides the store: {shared}, {own}")
     return "TORCHELASTIC_USE_AGENT_STORE=True: a worker's group goes on the agent's store; its attempt is read"

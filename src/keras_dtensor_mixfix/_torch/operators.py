@@ -18,15 +18,15 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 __all__ = [
-    "OpOverload", "OpOverloadPacket", "TensorType", "ListType", "OptionalType", "all_op_names", "op_schema", "schema_of",
-    "overload_name", "packet_qualname", "op_callable", "is_view_schema",
+    "OpOverload", "OpOverloadPacket", "TensorType", "ListType", "OptionalType", "all_op_names", "op_schema",
+    "schema_of", "overload_name", "packet_qualname", "op_callable", "is_view_schema",
 ]
 
 # The classes of a schema argument's ``type``: ``Tensor``, ``T[]`` and ``T?``. Read once: promotion
 # tests argument types with isinstance while it scans every operator at patch time.
-TensorType: type = torch._C.TensorType
-ListType: type = torch._C.ListType
-OptionalType: type = torch._C.OptionalType
+TensorType = torch._C.TensorType
+ListType = torch._C.ListType
+OptionalType = torch._C.OptionalType
 
 _all_op_names: Callable[[], List[str]] | None = getattr(torch._C, "_dispatch_get_all_op_names", None)
 

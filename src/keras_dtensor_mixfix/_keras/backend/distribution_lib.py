@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -111,8 +111,10 @@ def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int]
         timeout = collective_timeout()
         if job_addresses:
             coordinator = job_addresses.split(",")[0].strip()
-            dist.init_process_group(backend, init_method=f"tcp://{coordinator}", world_size=num_processes,
-                                    rank=process_id, timeout=timeout)
+            dist.init_process_group(backend, init_method=f"tcp://{coordinator}",
+                                    world_size=num_processes,  # type: ignore[arg-type]  # as given: torch checks
+                                    rank=process_id,  # type: ignore[arg-type]  # as given: torch checks a None
+                                    timeout=timeout)
         else:
             store = _attempt_store(timeout)
             if store is None:
@@ -130,7 +132,7 @@ def _attempt_store(timeout: datetime.timedelta) -> Optional[Any]:
     """Under torchrun, where the group goes on the agent's store (which outlives a restart): that store under a
     prefix of this attempt, so that no worker of a restarted job reads an address a dead worker left there
     (``repros/torch_elastic_restart_stale_gloo_address.py``); None elsewhere: torch's own ``env://``."""
-    from ..._torch.api import elastic_attempt_on_agent_store
+    from ..._torch.processes import elastic_attempt_on_agent_store
     from ..._torch.versions import has_defect, running_torch_version
 
     attempt = elastic_attempt_on_agent_store()
@@ -290,7 +292,7 @@ def distribute_variable(value: torch.Tensor, layout: Any, trainable: bool = True
         return torch.nn.Parameter(_on_the_device(value.detach(), mesh), requires_grad=trainable)
     placements = fit_placements(value.shape, mesh, placements, "variable")
     if isinstance(value, DTensor):
-        distributed = value.detach().redistribute(mesh, placements)
+        distributed = cast(DTensor, value.detach()).redistribute(mesh, placements)  # detach() keeps the DTensor
     else:
         distributed = torch_distribute(value.detach(), mesh, list(placements), src_data_rank=0)
     return torch.nn.Parameter(distributed, requires_grad=trainable)

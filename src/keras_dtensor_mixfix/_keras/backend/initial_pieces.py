@@ -42,7 +42,8 @@ def distribute_drawn_variable(draw_piece: Any, shape: Tuple[int, ...], layout: A
     the same positions on every rank (a position-keyed draw). None where ``draw_piece`` gives None. Under torch's
     rank simulator each simulated rank draws its own piece. Not for a layout ``on_one_device``."""
     from ..._engine.specs import region
-    from ..._torch.api import compute_local_shape_and_global_offset, per_simulated_rank
+    from ..._torch.api import compute_local_shape_and_global_offset
+    from ..._torch.processes import per_simulated_rank
 
     mesh, placements = resolved_layout(layout)
     placements = fit_placements(tuple(shape), mesh, placements, "variable")
