@@ -54,6 +54,8 @@ _PLUGIN_MARKER = "mixfix"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: fast, single process, no process group (tests/unit/<layer>/)")
+    config.addinivalue_line("markers", "launches: a torch repro that compiles in fresh processes (minutes on a loaded "
+                                       "machine); CI runs it on the oldest and the newest torch (CONTRIBUTING.md)")
     config.addinivalue_line("markers", "ranks: scenario tests on real gloo ranks, subprocesses or rule packs")
     config.addinivalue_line("markers", "simulated: 8 to 512 ranks under torch's rank simulator (LocalTensorMode on the "
                                        "fake process group), in the pytest process (tests/simulated/)")

@@ -25,8 +25,8 @@ Release = Tuple[int, int]
 """A (major, minor) release of torch or Keras."""
 
 TORCH_RELEASES: Tuple[Release, ...] = ((2, 11), (2, 12), (2, 13), (2, 14), (2, 15))
-"""The supported torch releases, every one of which runs every torch repro (CI: 2.11.0, 2.12.1, 2.13.0, 2.14.1,
-2.15.0)."""
+"""The supported torch releases, on each of which CI runs the torch repros (2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0;
+those that compile in fresh processes on the oldest and the newest, CONTRIBUTING.md)."""
 KERAS_RELEASES: Tuple[Release, ...] = ((3, 12), (3, 13), (3, 14), (3, 15), (3, 16))
 """The supported Keras releases."""
 

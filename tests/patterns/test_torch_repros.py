@@ -5,7 +5,8 @@ there) and those on which it passed (fixed). On a release where it failed it run
 that the release that fixes it fails the suite until the table says so (and the table then stops installing the
 workaround there); on a release where it passed it must pass; on a release it was not run on (a newer torch, opted
 in) it runs as a non-strict expected failure that says so. CI runs this file on every supported minor release
-(CONTRIBUTING.md, "The supported torch range").
+(CONTRIBUTING.md, "The supported torch range"), the repros marked ``launches`` (each compiles in fresh processes) on
+the oldest and the newest.
 """
 
 from __future__ import annotations
@@ -144,11 +145,13 @@ def test_backward_inside_torch_compile_compiles_dtensor_unflatten():
                "TorchDynamo compiled DTensor.__tensor_unflatten__ as a frame", world_size=2)
 
 
+@pytest.mark.launches
 @torch_bug(torch_fx_graph_cache_device_mesh_hash)
 def test_a_second_launch_reuses_a_compiled_graph_that_takes_a_device_mesh():
     _run_repro(torch_fx_graph_cache_device_mesh_hash.repro, "AssertionError", "did not reuse", world_size=2)
 
 
+@pytest.mark.launches
 def test_meshes_keyed_by_their_groups_make_a_second_launch_reuse_the_graph():
     """The package's workaround (inside compiled Keras steps): the repro's two launches, each compiling inside
     ``device_meshes_keyed_by_groups()``; the second finds the first's graph (on every release: on 2.11, which does
@@ -162,11 +165,13 @@ def test_meshes_keyed_by_their_groups_make_a_second_launch_reuse_the_graph():
     assert counts[0].get("fxgraph_cache_miss") == 1 and counts[1] == {"fxgraph_cache_hit": 1}, counts
 
 
+@pytest.mark.launches
 @torch_bug(torch_elastic_restart_stale_gloo_address)
 def test_a_torchrun_restart_gives_the_new_workers_a_store_without_the_dead_ones_keys():
     _run_repro(torch_elastic_restart_stale_gloo_address.repro, "AssertionError", "left in the store", world_size=1)
 
 
+@pytest.mark.launches
 @torch_bug(torch_aot_autograd_cache_numpy_operator)
 def test_aot_autograd_cache_keeps_a_graph_with_an_operator_on_a_numpy_value():
     _run_repro(torch_aot_autograd_cache_numpy_operator.repro, "AssertionError", "did not keep the graph", world_size=2)

@@ -54,7 +54,7 @@ def test_keras_deprecation_warnings_are_filtered_and_ours_are_not(pytester):
         def test_emit():
             for module in ("keras.src.backend.torch.core", "keras_dtensor_mixfix._engine.check", "mylib"):
                 warnings.warn_explicit("deprecated from " + module, DeprecationWarning, module + ".py", 1, module=module)
-        """
+        """  # noqa: E501 - the test file's source, as written
     )
     result = pytester.runpytest_subprocess("-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p",
                                            "no:cacheprovider", str(pytester.path / "test_warnings.py"))
@@ -83,7 +83,8 @@ def test_pyproject_versions_ci_and_readme_agree_on_the_torch_range():
 def test_every_supported_minor_release_is_run_and_the_repros_name_each():
     from keras_dtensor_mixfix._torch import versions
 
-    every = {(versions.OLDEST_TORCH[0], minor) for minor in range(versions.OLDEST_TORCH[1], versions.NEWEST_TORCH[1] + 1)}
+    every = {(versions.OLDEST_TORCH[0], minor)
+             for minor in range(versions.OLDEST_TORCH[1], versions.NEWEST_TORCH[1] + 1)}
     contributing = (ROOT / "CONTRIBUTING.md").read_text()
     section = contributing[contributing.index("### The supported torch range"):contributing.index("### Keras 3.16")]
     named = {tuple(int(p) for p in m.split(".")[:2]) for m in re.findall(r"\b(2\.\d+)\.\d+\b", section)}
@@ -122,3 +123,14 @@ def test_no_test_folder_is_named_like_a_package_the_tests_import():
     known = imported | set(sys.stdlib_module_names) | {"torch", "keras", "keras_hub", "transformers", "jax", "numpy"}
     assert "transformers" in imported and "keras" in imported  # the scan sees the imports it guards against
     assert sorted(folders & known) == []
+
+
+MODULE_LINE_LIMIT = 400
+"""The most lines a module of the package may have: past it, one concern has become two (split it by concern)."""
+
+
+def test_no_module_of_the_package_is_over_the_line_limit():
+    package = ROOT / "src" / "keras_dtensor_mixfix"
+    sizes = {str(path.relative_to(package)): len(path.read_text().splitlines()) for path in package.rglob("*.py")}
+    assert len(sizes) > 100  # the walk found the package
+    assert not {name: lines for name, lines in sizes.items() if lines > MODULE_LINE_LIMIT}
