@@ -31,7 +31,7 @@ def rule_at(revision: str) -> types.ModuleType:
                             text=True).stdout
     module = types.ModuleType("keras_dtensor_mixfix._engine.entry_at_base")
     module.__package__ = "keras_dtensor_mixfix._engine"
-    exec(compile(source, f"{revision}:{RULE_MODULE}", "exec"), module.__dict__)  # noqa: S102 - our own file
+    exec(compile(source, f"{revision}:{RULE_MODULE}", "exec"), module.__dict__)  # our own file
     return module
 
 

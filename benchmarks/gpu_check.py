@@ -118,7 +118,8 @@ def _pattern_rows(family: str, title: str, suffix: str, device: str) -> List[Row
         results = _in_family_process(family, device)
     except Exception as exc:  # noqa: BLE001
         return [_error_row(family, title, exc)]
-    return [_pattern_row(f"{family}.{n}", name, variants, suffix) for n, (name, variants) in enumerate(results.items(), 1)]
+    return [_pattern_row(f"{family}.{n}", name, variants, suffix)
+            for n, (name, variants) in enumerate(results.items(), 1)]
 
 
 def one_device_rows(device: str) -> List[Row]:
@@ -223,7 +224,8 @@ def keras_rows(device: str, size: str) -> List[Row]:
 def _correctness_rows(results: Dict[str, Any]) -> List[Row]:
     rows = []
     for n, (name, label) in enumerate((("mesh eager", "eager"), ("mesh jit", "jit_compile=True")), 1):
-        what = f"Gemma {label}, ModelParallel (1, 1) mesh vs no distribution eager: fit/evaluate/predict/generate/weights"
+        what = (f"Gemma {label}, ModelParallel (1, 1) mesh vs no distribution eager: "
+                "fit/evaluate/predict/generate/weights")
         for worker in ("plain", name):
             if isinstance(results[worker], Exception):
                 rows.append(_error_row(f"4.{n}", what, results[worker]))
@@ -276,7 +278,8 @@ def sync_rows(device: str) -> List[Row]:
     baseline = counts["by_hand"] if counts["by_hand"] is not None else counts["plain"]
     added = counts["mixed"] - baseline
     detail = (f"{added} (mixed, patched: {counts['mixed']}; DTensors by hand: {counts['by_hand']}; plain: "
-              f"{counts['plain']})" + (f"; by hand failed: {counts['by_hand_error']}" if "by_hand_error" in counts else ""))
+              f"{counts['plain']})"
+              + (f"; by hand failed: {counts['by_hand_error']}" if "by_hand_error" in counts else ""))
     return [Row("6", what, detail, MET if added <= SYNCS_TARGET else MISSED)]
 
 
@@ -343,7 +346,8 @@ def main() -> int:
         print(f"(row family {family}: {time.perf_counter() - family_started:.0f} s)", file=sys.stderr, flush=True)
     failed = [r["id"] for r in rows if r["verdict"] == FAIL]
     header = (f"gpu_check --device {args.device} --size {args.size}: {_versions(args.device)}; "
-              f"{time.perf_counter() - started:.0f} s; {'FAILED: rows ' + ', '.join(failed) if failed else 'no failures'}")
+              f"{time.perf_counter() - started:.0f} s; "
+              f"{'FAILED: rows ' + ', '.join(failed) if failed else 'no failures'}")
     text = table(rows, header)
     print(text)
     if args.out:

@@ -26,9 +26,9 @@ CPU_SDPA_SHARDED = ("not run on 2 cpu ranks: DTensor derives a strategy for CPU'
                     "repros/torch_sdpa_cpu_sharding_search.py); values on one rank are row 2's")
 CPU_SDPA_BACKWARD = "grads not compared on cpu: DTensor has no sharding strategy for CPU SDPA's backward (torch)"
 KNOWN_TORCH_LIMITS = {
-    ("embedding, plain ids", "Shard(dim=0)"): ("AssertionError", "torch 2.13: the vocabulary-split lookup's pending sum "
-                                               "(_MaskPartial) can be reduced only once, and the gradient of a loss "
-                                               "reads it again (AssertionError in _reduce_value; docs/keras.md)"),
+    ("embedding, plain ids", "Shard(dim=0)"): ("AssertionError", "torch 2.13: the vocabulary-split lookup's pending "
+                                               "sum (_MaskPartial) can be reduced only once, and the gradient of a "
+                                               "loss reads it again (AssertionError in _reduce_value; docs/keras.md)"),
 }
 """(pattern, placement) -> (the exception torch raises, why): torch's own limits, reported n/a, not FAIL."""
 REFUSED_BY_BACKEND = re.compile(r"gloo|nccl|backend", re.IGNORECASE)
@@ -126,7 +126,8 @@ def cat(case: Case) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
 
 def _parameters(case: Case) -> List[torch.nn.Parameter]:
     """Two weights (DTensors on the mesh) and a plain bias in one list, with fixed gradients of their layout."""
-    params = [case.param(case.randn(8, 6)), case.param(case.randn(6, 4)), torch.nn.Parameter(case.randn(5).to(case.device))]
+    params = [case.param(case.randn(8, 6)), case.param(case.randn(6, 4)),
+              torch.nn.Parameter(case.randn(5).to(case.device))]
     for p in params:
         grad = case.randn(*p.shape)
         p.grad = case.weight(grad, grad=False) if p is not params[-1] else grad.to(case.device)
@@ -232,7 +233,8 @@ def _short(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:240]
 
 
-def compare(name: str, device: str, mesh: Any, placement: Any = None, plain_device: Optional[str] = None) -> Dict[str, Any]:
+def compare(name: str, device: str, mesh: Any, placement: Any = None,
+            plain_device: Optional[str] = None) -> Dict[str, Any]:
     """One variant of one pattern: ``{"verdict": "ok" | "n/a" | "FAIL", "detail": ...}``. The reference runs on plain
     tensors unpatched; the mesh run patched. With ``plain_device`` the CPU and the device CUDA, a pattern in
     ``PLAIN_ON_CPU_ERRS`` must raise the package's error naming ``.to(``."""

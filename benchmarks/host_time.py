@@ -7,11 +7,11 @@ times a tiny keras_hub Gemma's ``train_on_batch`` (compute negligible: the GPU c
 ``ModelParallel`` on a one-device mesh and without a distribution, each in fresh processes, alternated over rounds
 (ABC ABC ...), and prints the median step of each and their ratios. The mesh runs twice: as a user's job runs it (a
 one-device mesh holds Keras' own plain tensors) and with ``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE=1`` (DTensors on
-that one device: each op's host cost of DTensor dispatch, which every rank of a mesh of several devices pays). A dispatch mode counts, over one step after warm-up,
-the ops that would block a GPU's host: ``_local_scalar_dense`` (``.item()``, ``bool()`` of a tensor), ``nonzero``
-and the other ops whose output size depends on values, and copies between devices (on the CPU none can happen: a
-device copy here is a non-0-dim CPU tensor moved to a mesh's device). "Added" is the mesh run's count minus the run
-without a distribution. The figures go in BENCHMARKS.md.
+that one device: each op's host cost of DTensor dispatch, which every rank of a mesh of several devices pays). A
+dispatch mode counts, over one step after warm-up, the ops that would block a GPU's host: ``_local_scalar_dense``
+(``.item()``, ``bool()`` of a tensor), ``nonzero`` and the other ops whose output size depends on values, and copies
+between devices (on the CPU none can happen: a device copy here is a non-0-dim CPU tensor moved to a mesh's device).
+"Added" is the mesh run's count minus the run without a distribution. The figures go in BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"  # the benchmark installs what it measures explicitly
 
-from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers  # noqa: E402
+from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers
 
 TARGET = 0.7
 JIT_TARGET = 0.35  # P7

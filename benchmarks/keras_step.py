@@ -15,7 +15,7 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"  # the benchmark installs what it measures explicitly
 
-from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers  # noqa: E402
+from keras_dtensor_mixfix.testing import run_on_ranks, shutdown_workers
 
 
 def measure(rounds: int = 7, steps: int = 20):

@@ -24,8 +24,8 @@ import timeit
 os.environ["KERAS_DTENSOR_MIXFIX"] = "0"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 
 def _free_port() -> int:
@@ -87,7 +87,8 @@ def main() -> None:
     floor = DispatchRuleInterceptor(lambda func, args, kwargs: b)
     floor._rule = floor._write_rule = lambda cls, func, types, args, kwargs: NotImplemented
     floor.install()
-    inplace_floor = t("pure in-place c.copy_(b) with a do-nothing rule (torch calling into Python per op)", "c.copy_(b)")
+    inplace_floor = t("pure in-place c.copy_(b) with a do-nothing rule (torch calling into Python per op)",
+                      "c.copy_(b)")
     floor.remove()
     mf.patch()
     inplace_ours = t("pure in-place c.copy_(b), patched", "c.copy_(b)")
@@ -104,7 +105,8 @@ def main() -> None:
     print(f"entry (floor 1)                             ~{entry:.2f} us")
     print(f"our work over the local floor (direct)      ~{mixed - local_floor:.2f} us")
     print(f"our work over the re-dispatch floor         ~{promoted - redispatch:.2f} us")
-    print(f"re-dispatch floor / implicit_replication     {redispatch / implicit:.3f}  (the best P1 any re-dispatching rule reaches)")
+    print(f"re-dispatch floor / implicit_replication     {redispatch / implicit:.3f}  "
+          "(the best P1 any re-dispatching rule reaches)")
     print(f"direct=False / implicit_replication          {promoted / implicit:.3f}")
     print(f"direct / implicit_replication (P1)           {mixed / implicit:.3f}")
     print(f"direct / pure (P2)                           {mixed / pure:.3f}")

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 import torch.distributed as dist
 
-from timing import SHAPE, Rounds, timed  # noqa: E402
+from timing import SHAPE, Rounds, timed
 
 
 def per_op(rounds: int, calls: int, plain_calls: int) -> Tuple[Rounds, Dict[str, Any]]:
@@ -197,13 +197,17 @@ def foreach_cases(rounds: int, steps: int, params: int = 100) -> Rounds:
                 with mf.patched():
                     add_mixed()
                     adam_mixed()
-                    data.add("foreach: _foreach_add_ 100 DTensor + 100 plain, patched (us/call)", timed(add_mixed, steps))
-                    data.add("foreach: _foreach_add_ 100 DTensor + 100 DTensor, patched (us/call)", timed(add_pure, steps))
-                    data.add("foreach: Adam step, 50 DTensor + 50 plain params, patched (us/step)", timed(adam_mixed, steps))
+                    data.add("foreach: _foreach_add_ 100 DTensor + 100 plain, patched (us/call)",
+                             timed(add_mixed, steps))
+                    data.add("foreach: _foreach_add_ 100 DTensor + 100 DTensor, patched (us/call)",
+                             timed(add_pure, steps))
+                    data.add("foreach: Adam step, 50 DTensor + 50 plain params, patched (us/step)",
+                             timed(adam_mixed, steps))
                     data.add("foreach: Adam step, 100 DTensor params, patched (us/step)", timed(adam_pure, steps))
             else:
                 add_pure()
                 adam_pure()
-                data.add("foreach: _foreach_add_ 100 DTensor + 100 DTensor, unpatched (us/call)", timed(add_pure, steps))
+                data.add("foreach: _foreach_add_ 100 DTensor + 100 DTensor, unpatched (us/call)",
+                         timed(add_pure, steps))
                 data.add("foreach: Adam step, 100 DTensor params, unpatched (us/step)", timed(adam_pure, steps))
     return data

@@ -11,7 +11,7 @@ import torch
 import argparse
 import platform
 
-from timing import SHAPE, Rounds  # noqa: E402
+from timing import SHAPE, Rounds
 
 TARGETS = {
     "P1": ("mixed patched / mixed under implicit_replication()", 0.25),
@@ -58,7 +58,8 @@ def report(per: Rounds, extra: Dict[str, Any], others: List[Rounds], compiled: D
         s = res["steady_us"]
         out["cases"][f"compile {backend}"] = res
         first = f", first call {res['first_call_s']:.2f} s" if "first_call_s" in res else ""
-        lines.append(f"| compiled f: {backend}{first}: steady us/call | {_fmt(s['min'])} | {_fmt(s['median'])} | {s['n']} |")
+        lines.append(f"| compiled f: {backend}{first}: steady us/call | {_fmt(s['min'])} | {_fmt(s['median'])} "
+                     f"| {s['n']} |")
     lines.append("")
 
     def ratio(data: Rounds, num: str, den: str) -> Tuple[float, float, float]:

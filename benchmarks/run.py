@@ -34,15 +34,15 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("KERAS_BACKEND", "torch")  # for P6's rank workers
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixfix-bench-inductor-")
 
-import torch.distributed as dist  # noqa: E402
+import torch.distributed as dist
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the case modules, also in rank workers
 
-from op_cases import foreach_cases, grad_cases, per_op, per_op_two_ranks  # noqa: E402
-from report import report  # noqa: E402
-from step_cases import compile_cases, import_cases, keras_step  # noqa: E402
-from timing import free_port  # noqa: E402
+from op_cases import foreach_cases, grad_cases, per_op, per_op_two_ranks
+from report import report
+from step_cases import compile_cases, import_cases, keras_step
+from timing import free_port
 
 
 def main() -> None:

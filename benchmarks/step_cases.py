@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import torch
 import subprocess
 
-from timing import SHAPE, Rounds, summary, timed  # noqa: E402
+from timing import SHAPE, Rounds, summary, timed
 
 
 def keras_step(rounds: int, steps: int) -> Rounds:

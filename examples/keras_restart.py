@@ -50,7 +50,8 @@ class LoseARank(keras.callbacks.Callback):
 epochs_run = []
 history = model.fit(x, y, batch_size=32, epochs=5, verbose=0, shuffle=False,
                     callbacks=[keras.callbacks.BackupAndRestore(backup_dir), LoseARank(),
-                               keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_run.append(epoch))])
+                               keras.callbacks.LambdaCallback(
+                                   on_epoch_begin=lambda epoch, logs: epochs_run.append(epoch))])
 if dist.get_rank() == 0:
     print(f"attempt {attempt}: ran epochs {epochs_run}")
     print(f"final loss {history.history['loss'][-1]:.4f}")

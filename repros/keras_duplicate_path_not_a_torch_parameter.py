@@ -9,8 +9,9 @@ Why it matters: Keras 3.16's ``DataParallel`` on torch wraps the model in ``Dist
 reduces the gradients of ``model.parameters()`` only, so the missed kernel trains on each process's own rows and
 the processes' copies drift apart, silently (SmolLM3 on 2 ranks, Keras alone: one ``o_proj`` kernel 0.03 apart
 after one step). The Keras integration averages such variables' gradients over DDP's process group itself
-(``_keras/step/ddp.py``); its own DataParallel (Keras 3.12 to 3.15) does not go through ``model.parameters()``. Plain tensors, one process, no keras_dtensor_mixfix: seen with Keras
-3.12.4, 3.15.1 and keras-nightly 3.16.0.dev2026102704 on torch 2.13.0 and 2.15.0.
+(``_keras/step/ddp.py``); its own DataParallel (Keras 3.12 to 3.15) does not go through ``model.parameters()``. Plain
+tensors, one process, no keras_dtensor_mixfix: seen with Keras 3.12.4, 3.15.1 and keras-nightly 3.16.0.dev2026102704 on
+torch 2.13.0 and 2.15.0.
 
 Run: ``KERAS_BACKEND=torch python repros/keras_duplicate_path_not_a_torch_parameter.py`` (exits 1 while the
 limitation is there); ``tests/keras_integration/test_keras_repros.py`` runs it as an expected failure.
@@ -21,7 +22,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ.setdefault("KERAS_DTENSOR_MIXFIX", "0")  # Keras and torch alone
 
-import keras  # noqa: E402
+import keras
 
 
 class Block(keras.layers.Layer):

@@ -21,8 +21,8 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ.setdefault("KERAS_DTENSOR_MIXFIX", "0")  # Keras and torch alone
 
-import keras  # noqa: E402
-import torch  # noqa: E402
+import keras
+import torch
 
 
 class Block(keras.layers.Layer):

@@ -4,12 +4,12 @@ value, so that graph is compiled again at every launch.
 A layer that scales by ``1 / np.sqrt(head_dim)`` inside its call (keras_hub's Gemma attention does) gets a node
 calling TorchDynamo's ``numpy_operator_wrapper(operator.truediv)``, named ``wrapped_truediv``. AOTAutograd's cache
 check does not know it to be safe ("Unsupported call_function target <Wrapped operator <original
-wrapped_truediv>>") and bypasses the cache. Marked safe through ``torch._inductor.config.unsafe_marked_cacheable_functions``, the
-key's pickling then fails on it on torch 2.13 ("was not found as torch._dynamo.utils.wrapped_truediv"): the key
-imports each global of the graph by name, and from 2.13 knows NumPy *functions* (``numpy_to_tensor_wrapper``) by
-their NumPy name, not operators. Inductor's own cache still serves the compiled kernels; what a second launch pays
-again is AOTAutograd's tracing and partitioning of that graph (tiny keras_hub Gemma, 2 ranks: its decoder block,
-BENCHMARKS.md "warm starts").
+wrapped_truediv>>") and bypasses the cache. Marked safe through
+``torch._inductor.config.unsafe_marked_cacheable_functions``, the key's pickling then fails on it on torch 2.13 ("was
+not found as torch._dynamo.utils.wrapped_truediv"): the key imports each global of the graph by name, and from 2.13
+knows NumPy *functions* (``numpy_to_tensor_wrapper``) by their NumPy name, not operators. Inductor's own cache still
+serves the compiled kernels; what a second launch pays again is AOTAutograd's tracing and partitioning of that graph
+(tiny keras_hub Gemma, 2 ranks: its decoder block, BENCHMARKS.md "warm starts").
 
 Seen on torch 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0. No keras_dtensor_mixfix involved (it is turned off in the
 launch). The package does not work around it.

@@ -7,12 +7,12 @@ meshes, although a norm is the same whole value on every rank:
 
     RuntimeError: All operands in aten.stack.default must have the same mesh, but got DeviceMesh((ep=2), ...)
 
-Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, no keras_dtensor_mixfix involved (run it with ``KERAS_DTENSOR_MIXFIX=0``: the package
-makes it pass, ``_engine/meshes.py``).
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, no keras_dtensor_mixfix involved (run it with
+``KERAS_DTENSOR_MIXFIX=0``: the package makes it pass, ``_engine/meshes.py``).
 
 Run: ``KERAS_DTENSOR_MIXFIX=0 torchrun --nproc-per-node 2 --master-addr 127.0.0.1
-repros/torch_clip_grad_norm_two_meshes.py`` (exits 1 while the limitation is there); ``tests/patterns/test_torch_repros.py``
-runs it, unpatched, as an expected failure.
+repros/torch_clip_grad_norm_two_meshes.py`` (exits 1 while the limitation is there);
+``tests/patterns/test_torch_repros.py`` runs it, unpatched, as an expected failure.
 """
 
 import torch

@@ -1,4 +1,5 @@
-"""torch limitation: inductor's on-disk FX graph cache never hits, launch to launch, for a graph that takes a DeviceMesh.
+"""torch limitation: inductor's on-disk FX graph cache never hits, launch to launch, for a graph that takes a
+DeviceMesh.
 
 A compiled function that makes a DTensor inside the graph (``DTensor.from_local(x, mesh, ...)``, as DTensor's own
 code and Keras steps on sharded weights do) has the ``DeviceMesh`` as a graph input, an opaque object. Inductor's

@@ -28,7 +28,7 @@ torch.manual_seed(0)
 product = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]) * distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
 print(f"rank {dist.get_rank()}: {product.full_tensor().sum():.4f}", flush=True)
 dist.destroy_process_group()
-"""
+"""  # noqa: E501 - the program's source, as it runs
 
 
 def _free_port() -> int:

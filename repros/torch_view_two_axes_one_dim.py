@@ -8,8 +8,8 @@ propagation accepts it, declares output pieces of (1, 8, 16), and the view of ea
 
     RuntimeError: shape '[1, 8, 16]' is invalid for input of size 64
 
-Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, no mixed operand, no keras_dtensor_mixfix. keras_hub's Mixtral met it on
-(2, 4) and (4, 2) meshes in the backward of its MoE block's flatten of the tokens, whose gradient arrived split over
+Seen on torch 2.11.0, 2.12.1, 2.13.0 and 2.15.0, no mixed operand, no keras_dtensor_mixfix. keras_hub's Mixtral met it
+on (2, 4) and (4, 2) meshes in the backward of its MoE block's flatten of the tokens, whose gradient arrived split over
 both axes; the Keras integration lays such a gradient out as the forward output was before the view back
 (``_keras/ops/reshape.py``).
 

@@ -39,7 +39,8 @@ def close(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float =
 
 def plain_grad(tensor: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert tensor.grad is not None, f"{what}: no gradient"
-    assert type(tensor.grad) is torch.Tensor, f"{what}: gradient is {type(tensor.grad).__name__}, expected a plain Tensor"
+    assert type(tensor.grad) is torch.Tensor, (f"{what}: gradient is {type(tensor.grad).__name__}, "
+                                               "expected a plain Tensor")
     close(tensor.grad, expected, what)
 
 

@@ -13,8 +13,8 @@ and contractions with the dim they reduce over of size 4), every case makes ONE 
 DTensor on a 2-rank gloo mesh (``Replicate()``, and ``Shard(d)`` on every dim of size >= 2 in turn,
 uneven shards included; ``--shard-dims even`` keeps dims of even size, ``first-even`` the first of
 them, for OpInfo's samples), leaves the other operands plain and runs ``op.op`` (and
-``op.inplace_variant`` where there is one) under ``keras_dtensor_mixfix.patched()``. The result (outputs, and every operand after the call, so
-in-place writes are checked) is compared with the all-plain computation. Each case is
+``op.inplace_variant`` where there is one) under ``keras_dtensor_mixfix.patched()``. The result (outputs, and every
+operand after the call, so in-place writes are checked) is compared with the all-plain computation. Each case is
 
 * ``correct``     - same values (``assert_close``, OpInfo float32 tolerance or rtol=1.3e-6/atol=1e-5,
                     ``equal_nan=True``), same on both ranks;
@@ -57,17 +57,17 @@ from typing import Optional, Sequence
 # they import the same modules to run its functions.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from opsweep.classify import CLASSES, attribution, classify_exception, summarize  # noqa: E402,F401
-from opsweep.common import DEFAULT_MAX_SAMPLES, describe_sample, describe_value  # noqa: E402,F401
-from opsweep.differential import DIFF_CLASSES, summarize_diffs  # noqa: E402
-from opsweep.report import now_utc, pct, write_report  # noqa: E402
-from opsweep.runner import run_sweep, sweep_ops  # noqa: E402,F401
-from opsweep.extra import EXTRA_MODES  # noqa: E402
-from opsweep.sampling import SHARD_MODES, is_random_name, op_infos, opinfo_tolerance, select_ops  # noqa: E402,F401
+from opsweep.classify import CLASSES, attribution, classify_exception, summarize
+from opsweep.common import DEFAULT_MAX_SAMPLES, describe_sample, describe_value
+from opsweep.differential import DIFF_CLASSES, summarize_diffs
+from opsweep.report import now_utc, pct, write_report
+from opsweep.runner import run_sweep, sweep_ops
+from opsweep.extra import EXTRA_MODES
+from opsweep.sampling import SHARD_MODES, is_random_name, op_infos, opinfo_tolerance, select_ops
 
-__all__ = ["CLASSES", "DEFAULT_MAX_SAMPLES", "DIFF_CLASSES", "attribution", "classify_exception", "describe_sample", "describe_value",
-           "is_random_name", "main", "op_infos", "opinfo_tolerance", "run_sweep", "select_ops", "summarize",
-           "summarize_diffs", "sweep_ops", "write_report"]
+__all__ = ["CLASSES", "DEFAULT_MAX_SAMPLES", "DIFF_CLASSES", "attribution", "classify_exception", "describe_sample",
+           "describe_value", "is_random_name", "main", "op_infos", "opinfo_tolerance", "run_sweep", "select_ops",
+           "summarize", "summarize_diffs", "sweep_ops", "write_report"]
 
 
 def _print_differential(records: Sequence[dict]) -> None:
@@ -82,7 +82,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--report", default="OP_SWEEP.md")
     parser.add_argument("--chunk-size", type=int, default=50, help="ops per run_on_ranks call")
     parser.add_argument("--chunk-timeout", type=float, default=900.0, help="seconds for one chunk")
-    parser.add_argument("--op-timeout", type=float, default=300.0, help="seconds for one op when a chunk is rerun op by op")
+    parser.add_argument("--op-timeout", type=float, default=300.0,
+                        help="seconds for one op when a chunk is rerun op by op")
     parser.add_argument("--json", help="also write every record (and the run's command, date, time) to this JSON file")
     parser.add_argument("--from-json", help="do not sweep: write the report from records saved with --json")
     parser.add_argument("--shard-dims", choices=SHARD_MODES, default="all",

@@ -80,20 +80,31 @@ def __getattr__(name: str) -> _typing.Any:
     return value
 
 
-def __dir__() -> list:
+def __dir__() -> list[str]:
     # The public names and the module's dunders; not the helpers this file itself uses.
     return sorted({name for name in globals() if name.startswith("__")} | set(__all__) | set(_SUBMODULES))
 
 
 if _typing.TYPE_CHECKING:  # what static type checkers and IDEs see
-    from . import checkpoint, hookspecs, keras_integration, layouts, testing
-    from ._rules.decisions import Decision, MixedCall, Operand, Rule
-    from ._rules.errors import (ArgumentTypeError, DeviceAssignmentError, IncompleteCheckpointError,
-                                InvalidArgumentError, KerasIntegrationNotInstalledError, MixedOperandError, MixfixError, ReplicationCheckError,
-                                ReleaseLimitationError, ReplicationCheckWarning, SpreadValueError, UnknownOperatorError,
-                                UnsupportedKerasError, UnsupportedTorchError)
-    from ._rules.options import Options
-    from ._lifecycle.patching import current_options, is_patched, patch, patched, unpatch
-    from ._rules.registry import RuleHandle, register_rule
-    from ._engine.stats import reset_stats, stats
-    from .hookspecs import hookimpl
+    # Unused at run time on purpose: these imports are the lazy exports, shown to type checkers. Each is imported
+    # ``as`` itself: an explicit re-export, which type checkers in strict mode (no implicit re-export) accept.
+    from . import checkpoint as checkpoint, hookspecs as hookspecs, keras_integration as keras_integration
+    from . import layouts as layouts, testing as testing
+    from ._rules.decisions import Decision as Decision, MixedCall as MixedCall, Operand as Operand, Rule as Rule
+    from ._rules.errors import ArgumentTypeError as ArgumentTypeError, DeviceAssignmentError as DeviceAssignmentError
+    from ._rules.errors import IncompleteCheckpointError as IncompleteCheckpointError
+    from ._rules.errors import InvalidArgumentError as InvalidArgumentError
+    from ._rules.errors import KerasIntegrationNotInstalledError as KerasIntegrationNotInstalledError
+    from ._rules.errors import MixedOperandError as MixedOperandError, MixfixError as MixfixError
+    from ._rules.errors import ReleaseLimitationError as ReleaseLimitationError
+    from ._rules.errors import ReplicationCheckError as ReplicationCheckError
+    from ._rules.errors import ReplicationCheckWarning as ReplicationCheckWarning
+    from ._rules.errors import SpreadValueError as SpreadValueError, UnknownOperatorError as UnknownOperatorError
+    from ._rules.errors import UnsupportedKerasError as UnsupportedKerasError
+    from ._rules.errors import UnsupportedTorchError as UnsupportedTorchError
+    from ._rules.options import Options as Options
+    from ._lifecycle.patching import current_options as current_options, is_patched as is_patched
+    from ._lifecycle.patching import patch as patch, patched as patched, unpatch as unpatch
+    from ._rules.registry import RuleHandle as RuleHandle, register_rule as register_rule
+    from ._engine.stats import reset_stats as reset_stats, stats as stats
+    from .hookspecs import hookimpl as hookimpl

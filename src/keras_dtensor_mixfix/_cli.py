@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, cast
 
 SCRIPT = "keras-dtensor-mixfix"
 
@@ -38,7 +38,7 @@ def doctor(out: TextIO = sys.stdout) -> int:
 
     # DTensor first: its import runs auto-activation, which imports the lifecycle modules itself;
     # importing intercept first would leave it half-initialized when that happens.
-    import torch.distributed.tensor  # noqa: F401
+    import torch.distributed.tensor
 
     from ._lifecycle import intercept as _intercept
     from ._lifecycle.patching import interceptor
@@ -59,8 +59,8 @@ def doctor(out: TextIO = sys.stdout) -> int:
         _write(out, "  live: no (not patched)")
     else:
         live = installed.owns("aten::mul.Tensor")
-        _write(out, f"  live: {'yes' if live else 'NO'} ({installed.hooked_ops} ops hooked; our rule on aten::mul.Tensor: "
-                    f"{'present' if live else 'missing'})")
+        _write(out, f"  live: {'yes' if live else 'NO'} ({installed.hooked_ops} ops hooked; "
+                    f"our rule on aten::mul.Tensor: {'present' if live else 'missing'})")
         for qualname, why in sorted(installed.skipped.items())[:10]:
             _write(out, f"  skipped {qualname}: {why}")
 
@@ -78,7 +78,8 @@ def doctor(out: TextIO = sys.stdout) -> int:
     effective = mf.current_options()
     _write(out, "\noptions (effective)")
     for name, value in effective.as_dict().items():
-        origin = f"from {sources[name]}" if name in sources else "default" if getattr(options, name) == value else "set by patch()"
+        origin = (f"from {sources[name]}" if name in sources
+                  else "default" if getattr(options, name) == value else "set by patch()")
         shown = _describe_rule(value) if name == "default" else repr(value)
         _write(out, f"  {name} = {shown}  ({origin})")
 
@@ -211,7 +212,7 @@ def demo_rank() -> Dict[str, Any]:
     """Run on each rank: the real error unpatched, the right answer patched, checked against plain torch."""
     import torch
     import torch.nn.functional as F
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     import keras_dtensor_mixfix as mf
     from keras_dtensor_mixfix.testing import mesh
@@ -236,10 +237,12 @@ def demo_rank() -> Dict[str, Any]:
     reference_weight = weight.clone().requires_grad_()
     reference = F.cross_entropy(F.linear(batch, reference_weight), labels)
     reference.backward()
-    result["loss"] = float(loss.detach().full_tensor())
+    result["loss"] = float(cast(DTensor, loss.detach()).full_tensor())  # a DTensor: the weight's
     result["reference_loss"] = float(reference.detach())
-    result["grad_max_diff"] = float((sharded.grad.full_tensor() - reference_weight.grad).abs().max())
-    result["placements"] = str(tuple(sharded.grad.placements))
+    grad = cast(DTensor, sharded.grad)  # set by backward(), a DTensor as the weight is
+    reference_grad = cast(torch.Tensor, reference_weight.grad)  # set by backward()
+    result["grad_max_diff"] = float((grad.full_tensor() - reference_grad).abs().max())
+    result["placements"] = str(tuple(grad.placements))
     return result
 
 
@@ -290,7 +293,8 @@ def demo(out: TextIO = sys.stdout, world_size: int = 2) -> int:
         loss_ok = abs(result["loss"] - result["reference_loss"]) <= 1e-5 * max(1.0, abs(result["reference_loss"]))
         grad_ok = result["grad_max_diff"] <= 1e-5
         ok = ok and loss_ok and grad_ok
-        _write(out, f"  rank {rank}: loss {result['loss']:.6f} (single-process reference {result['reference_loss']:.6f}), "
+        _write(out, f"  rank {rank}: loss {result['loss']:.6f} "
+                    f"(single-process reference {result['reference_loss']:.6f}), "
                     f"weight grad max diff {result['grad_max_diff']:.1e}, grad placements {result['placements']} "
                     f"-> {'OK' if loss_ok and grad_ok else 'MISMATCH'}")
     _write(out, "\npromoted ops (rank 0): op -> decision: count")

@@ -62,7 +62,8 @@ class Defect:
         broken: the releases on which the repro was run and failed.
         fixed: the releases on which the repro was run and passed.
         workaround: its kind.
-        where: the package's modules (or page) that hold the workaround.
+        where: the package's modules (or pages), comma-separated, that hold the workaround; a workaround's modules
+            ask the table for it by name (``tests/unit/torch_boundary/test_upstream_defects.py``).
         summary: what goes wrong, in one sentence.
     """
 
@@ -181,7 +182,7 @@ DEFECTS: Tuple[Defect, ...] = (
            "DTensor's cumsum with a negative dim ignores that the input is split along it (silently wrong)"),
     Defect("inplace_foreach_on_partial_dropped", "torch", "torch_foreach_inplace_partial.py",
            broken=((2, 9), (2, 10), (2, 11)), fixed=TORCH_RELEASES[1:],
-           workaround=Workaround.ENGINE_CORRECTION, where="_engine/foreach_partial.py",
+           workaround=Workaround.ENGINE_CORRECTION, where="_engine/foreach_partial.py, _torch/versions.py",
            summary="DTensor runs an in-place _foreach_* op into a Partial DTensor as a no-op"),
     Defect("stack_negative_dim_misplaced", "torch", "torch_stack_negative_dim.py", **_ONLY_2_11,
            workaround=Workaround.ENGINE_CORRECTION, where="_engine/corrections.py, _keras/ops/tensor_ops.py",
@@ -206,8 +207,7 @@ DEFECTS: Tuple[Defect, ...] = (
            summary="DTensor labels a convolution's weight and bias gradients Partial whatever the input's layout"),
     Defect("view_flatten_split_dim", "torch", "torch_view_flatten_split_dim.py", **_ONLY_2_11,
            workaround=Workaround.KERAS_OP_OVERRIDE,
-           where="_keras/ops/local_einsum.py, _keras/ops/tensor_ops.py; elsewhere refused by name: "
-                 "_engine/release_refusals.py",
+           where="_keras/ops/local_einsum.py, _keras/ops/tensor_ops.py, _engine/release_refusals.py",
            summary="DTensor cannot flatten several dims into one when a dim after the first is split"),
     Defect("pad_2d_mesh_one_placement", "torch", "torch_pad_2d_mesh.py", **_ONLY_2_11,
            workaround=Workaround.KERAS_OP_OVERRIDE, where="_keras/ops/tensor_ops.py",
@@ -216,7 +216,7 @@ DEFECTS: Tuple[Defect, ...] = (
            workaround=Workaround.KERAS_OP_OVERRIDE, where="_keras/ops/tensor_ops.py",
            summary="DTensor has no strategy for flip, which cumsum's backward calls"),
     Defect("sdpa_cpu_without_strategy", "torch", "torch_sdpa_cpu_no_strategy.py", **_ONLY_2_11,
-           workaround=Workaround.ENGINE_CORRECTION, where="_engine/attention_corrections.py",
+           workaround=Workaround.ENGINE_CORRECTION, where="_engine/corrections.py, _engine/attention_corrections.py",
            summary="DTensor has no strategy for CPU's fused attention (_scaled_dot_product_flash_attention_for_cpu), "
                    "which scaled_dot_product_attention runs for a mask that needs no gradient"),
     Defect("ne_tensor_without_strategy", "torch", "torch_ne_tensor_no_strategy.py", **_ONLY_2_11,

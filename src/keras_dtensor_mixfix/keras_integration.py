@@ -59,15 +59,15 @@ from ._rules.errors import KerasIntegrationNotInstalledError, UnsupportedKerasEr
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
-__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "set_collective_timeout", "writes_once",
-           "sharding_independent_initial_values", "UnsupportedKerasError"]
+__all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit", "set_collective_timeout",
+           "writes_once", "sharding_independent_initial_values", "UnsupportedKerasError"]
 
 
 OVERRIDES: Tuple[Override, ...] = (
     backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, variables.LAYOUT_ARGUMENT, reductions.OVERRIDE,
     reductions.GRADIENTS_OF_OUR_PARAMETERS, reductions.GRADIENTS_OF_NATIVE_PARAMETERS, values.OVERRIDE,
-    data.STEP_FUNCTIONS, data.BATCHES_DISTRIBUTED, data.DATA_ADAPTER, compile.TRACEABLE_CAST, forked_train_step.TRAIN_STEP,
-    compile.COMPILE_ALLOWED,
+    data.STEP_FUNCTIONS, data.BATCHES_DISTRIBUTED, data.DATA_ADAPTER, compile.TRACEABLE_CAST,
+    forked_train_step.TRAIN_STEP, compile.COMPILE_ALLOWED,
     saving.OVERRIDE, callback_files.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
     embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,
     local_einsum.OVERRIDE, einsum_kernel_split.OVERRIDE, repeat.OVERRIDE, reshape.OVERRIDE, normalization.OVERRIDE,
@@ -154,9 +154,10 @@ def sharding_independent_initial_values() -> ContextManager[None]:
             would draw its own values within the context too).
     """
     if variables.OVERRIDE.needed() and not is_installed():
-        raise KerasIntegrationNotInstalledError("keras_dtensor_mixfix: sharding_independent_initial_values() needs the Keras integration "
-                           "installed, which draws the values: call keras_integration.install() first (it installs "
-                           "itself at `import keras` unless KERAS_DTENSOR_MIXFIX=0 is set)")
+        raise KerasIntegrationNotInstalledError(
+            "keras_dtensor_mixfix: sharding_independent_initial_values() needs the Keras integration "
+            "installed, which draws the values: call keras_integration.install() first (it installs "
+            "itself at `import keras` unless KERAS_DTENSOR_MIXFIX=0 is set)")
     return initial_values.sharding_independent_initial_values()
 
 

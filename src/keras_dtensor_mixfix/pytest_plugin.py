@@ -21,7 +21,7 @@ from ._rules.errors import MixfixError
 MARKER = "mixfix"
 
 
-class MarkerUsageError(MixfixError, pytest.UsageError):
+class MarkerUsageError(MixfixError, pytest.UsageError):  # type: ignore[misc]  # pytest's UsageError is @final
     """``@pytest.mark.mixfix`` used with positional arguments (it takes ``patch()`` keyword options only).
 
     A ``pytest.UsageError``, so pytest reports it as a usage mistake rather than a crash.

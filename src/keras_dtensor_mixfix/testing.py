@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ._loopback_ports import LOOPBACK, free_port, port_taken
 from ._rules.errors import ArgumentTypeError, MixfixError
@@ -59,6 +59,8 @@ class RankError(MixfixError, RuntimeError):
         self.message = message
         self.remote_traceback = remote_traceback
         self.failures = failures or {}
+        self.every_rank_answered = False
+        """Whether every rank answered the call (some raised; none died or timed out)."""
         others = sorted(set(self.failures) - {rank})
         extra = f" (ranks {others} failed too)" if others else ""
         super().__init__(f"rank {rank} raised {exc_type}: {message}{extra}\n"
@@ -229,7 +231,7 @@ class _Pool:
                 else:
                     os.environ[name] = value
         self._counter = 0
-        ready = set()
+        ready: Set[int] = set()
         deadline = time.monotonic() + start_timeout
         while len(ready) < size:
             try:
@@ -266,7 +268,7 @@ class _Pool:
                 got_id, r, ok, payload = self.results.get(timeout=wait)
             except queue.Empty:
                 missing = sorted(set(range(self.size)) - set(values) - set(failures))
-                dead = [(m, self.processes[m].exitcode) for m in missing if self.processes[m].exitcode is not None]
+                dead = [(m, code) for m in missing if (code := self.processes[m].exitcode) is not None]
                 if dead:
                     # A rank that died (a crash in native code, a signal) answers nothing: say so at once rather
                     # than wait out the timeout; the others may be stuck in a collective it never joined.
@@ -288,7 +290,7 @@ class _Pool:
             first = min(failures)
             exc_type, message, remote_tb = failures[first]
             error = RankError(first, exc_type, message, remote_tb, failures)
-            error._every_rank_answered = len(values) + len(failures) == self.size
+            error.every_rank_answered = len(values) + len(failures) == self.size
             raise error
         return [values[r] for r in range(self.size)]
 
@@ -362,8 +364,8 @@ def _run(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], 
         try:
             return pool.run(fn, args, kwargs, timeout)
         except RankError as error:
-            every_rank_answered = getattr(error, "_every_rank_answered", False)
-            if keep_after_failure is not None and every_rank_answered and keep_after_failure(pool.run, start_timeout):
+            if (keep_after_failure is not None and error.every_rank_answered
+                    and keep_after_failure(pool.run, start_timeout)):
                 raise
             pool.close()
             del _pools[world_size]

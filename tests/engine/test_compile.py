@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 from _ranks import close, mesh_for, placements_for, shard

@@ -121,7 +121,8 @@ def bad_placements_in_a_rule():
     with mf.patched():
         for name, placements in cases.items():
             for kind in ("replicate", "local") if name != "negative" else ("replicate",):
-                rule = mf.register_rule("aten::mul.Tensor", lambda call, k=kind, p=placements: Decision(k, placements=p))
+                rule = mf.register_rule("aten::mul.Tensor",
+                                        lambda call, k=kind, p=placements: Decision(k, placements=p))
                 try:
                     result = weight * torch.ones(4, 4)
                     found[name, kind] = f"ok {tuple(result.placements)} {tuple(result.shape)}"
@@ -137,7 +138,8 @@ def test_a_rule_with_wrong_placements_gets_a_clear_error_in_the_mixed_call():
 
     found = run_on_ranks(bad_placements_in_a_rule, world_size=2)[0]
     for kind in ("replicate", "local"):
-        assert found["too_many", kind].startswith("MixedOperandError: keras_dtensor_mixfix: cannot run aten::mul.Tensor")
+        assert found["too_many", kind].startswith(
+            "MixedOperandError: keras_dtensor_mixfix: cannot run aten::mul.Tensor")
         assert "has 2 placement(s) for the 1-D mesh" in found["too_many", kind]
         assert "shards dim 7" in found["no_such_dim", kind], found["no_such_dim", kind]
     assert found["negative", "replicate"].startswith("ok "), found["negative", "replicate"]  # normalized to Shard(1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _ranks import close, full, mesh_for, placements_for, plain_grad, rank, shard
+from _ranks import close, full, mesh_for, placements_for, plain_grad, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 
@@ -299,7 +299,7 @@ def other_thread(world_size):
             y = dw * px
             y.sum().backward()
             results["y"] = full(y)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - any error in the thread is reported in the test's thread
             results["error"] = exc
 
     mf.patch()  # patched in this thread...

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from _differential import assert_conformant, differential
-from _ranks import close, mesh_for, placements_for, shard
+from _ranks import mesh_for, placements_for, shard
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 # An op with two tensor inputs and no DTensor sharding strategy (defined at import, before any
@@ -25,7 +25,6 @@ def _error_text(fn):
 
 def error_cases(world_size):
     import keras_dtensor_mixfix as mf
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard
 
     m = mesh_for(world_size)
@@ -80,7 +79,8 @@ def test_errors_name_op_operand_shapes_placements_mesh_and_the_fix(world_size):
         assert kind == "MixedOperandError" and "different meshes" in text and "'dp'" in text and "'tp'" in text, text
 
     kind, text = out["unpatched"]
-    assert kind == "RuntimeError" and "got mixed torch.Tensor and DTensor" in text and "keras_dtensor_mixfix" not in text
+    assert (kind == "RuntimeError" and "got mixed torch.Tensor and DTensor" in text
+            and "keras_dtensor_mixfix" not in text)
 
 
 # --------------------------------------------------------------------------- identity

@@ -70,7 +70,8 @@ def partial_rows(world_size, forced):
     try:
         m = mesh_for(world_size)
         torch.manual_seed(0)
-        a, b, c = torch.randn(8, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+        a, b, c = (torch.randn(8, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64),
+                   torch.randn(5, dtype=torch.float64))
         pa, pb = torch.randn(8, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
         for placements in _partial_placements(m):
             label = f"{tuple(placements)}"

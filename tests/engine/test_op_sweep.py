@@ -28,7 +28,7 @@ import pytest
 # Imported at collection time, before any rank worker starts: the workers are spawned with this
 # process's sys.path, so they can import op_sweep to run its functions.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import op_sweep  # noqa: E402
+import op_sweep
 
 SUBSET = [
     "add", "mul", "sub", "div.no_rounding_mode", "where", "addcmul", "lerp", "maximum",

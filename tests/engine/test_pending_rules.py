@@ -125,7 +125,7 @@ def test_resolve_pending_reports_the_rules_whose_op_appeared(tmp_path, monkeypat
         sys.modules.pop(module, None)
 
 
-# --------------------------------------------------------------------------- a pack, patch(), then the library (2 ranks)
+# ---------------------------------------------------------------------- a pack, patch(), then the library (2 ranks)
 
 
 def pack_rule_for_a_library_imported_after_patch(directory, namespace, module):

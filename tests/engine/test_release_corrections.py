@@ -86,7 +86,8 @@ def logits_loss_over_a_split_batch(world_size, forced):
 
 @FORCED
 def test_logits_loss_over_a_split_batch_equals_one_process(world_size, forced):
-    assert run_on_ranks(logits_loss_over_a_split_batch, world_size, forced, world_size=world_size) == ["ok"] * world_size
+    assert (run_on_ranks(logits_loss_over_a_split_batch, world_size, forced, world_size=world_size)
+            == ["ok"] * world_size)
 
 
 def index_writes_into_plain_tensors(world_size, forced):
@@ -117,7 +118,8 @@ def index_writes_into_plain_tensors(world_size, forced):
 
 @FORCED
 def test_index_writes_into_plain_tensors_equal_one_process(world_size, forced):
-    assert run_on_ranks(index_writes_into_plain_tensors, world_size, forced, world_size=world_size) == ["ok"] * world_size
+    assert (run_on_ranks(index_writes_into_plain_tensors, world_size, forced, world_size=world_size)
+            == ["ok"] * world_size)
 
 
 def convolution_refusal(world_size):

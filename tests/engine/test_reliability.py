@@ -128,7 +128,8 @@ def toggle_while_ops_run(world_size, cycles):
     import keras_dtensor_mixfix as mf
 
     def our_rules():
-        return {q for q, e in simple_registry.singleton._data.items() if e.torch_dispatch_rules.find(DTensor) is not None}
+        return {q for q, e in simple_registry.singleton._data.items()
+                if e.torch_dispatch_rules.find(DTensor) is not None}
 
     while mf.is_patched():  # start from torch as it is
         mf.unpatch()

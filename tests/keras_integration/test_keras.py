@@ -378,7 +378,8 @@ def test_distribution_api(world_size):
 
 
 def _replaced_targets():
-    """Every ``(owner, name)`` the integration replaces on this Keras, from its recorder (installed, then uninstalled)."""
+    """Every ``(owner, name)`` the integration replaces on this Keras, from its recorder (installed, then
+    uninstalled)."""
     from keras_dtensor_mixfix import keras_integration
 
     keras_integration.uninstall()

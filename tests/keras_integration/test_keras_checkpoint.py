@@ -236,7 +236,7 @@ def keras_files_on_ranks(world_size, kind, directory):
         finally:
             DTensor.full_tensor, h5py.File.__init__ = real_full_tensor, real_h5_init
         written = sorted(set(os.listdir(directory)) - set(before))
-        weights, state = model.get_weights(), _state(model)
+        state = _state(model)
         slice_loading.StoredWeight.read_slice = recording_read_slice
         try:
             for name in ("m.weights.h5", "m.keras", "m.weights.json"):

@@ -1,4 +1,5 @@
-"""A kernel split along its contracted input dim is re-split along its first output label (``_keras/ops/einsum_kernel_split.py``).
+"""A kernel split along its contracted input dim is re-split along its first output label
+(``_keras/ops/einsum_kernel_split.py``).
 
 Keras' einsum of a whole activation and a Keras variable split along the hidden dim (keras_hub
 Llama's query kernel) on 2 gloo ranks: the result is split along the heads (no partial sum to
@@ -115,7 +116,8 @@ def test_a_kernel_split_along_its_input_is_named_once_with_the_rule_that_avoids_
     for before, after in zip(keras_hub_like, followed):
         assert not [m for m in after["messages"] if "splits it again" in m], after["messages"]
         # the heads over "model" (Keras 3.16's own variables keep the size-1 "batch" axis on the hidden dim)
-        assert after["placements"] in ("(Replicate(), Shard(dim=1))", "(Shard(dim=0), Shard(dim=1))"), after["placements"]
+        assert after["placements"] in ("(Replicate(), Shard(dim=1))",
+                                       "(Shard(dim=0), Shard(dim=1))"), after["placements"]
         import numpy as np
 
         np.testing.assert_allclose(after["kernel"], before["kernel"], rtol=1e-5, atol=1e-6)

@@ -18,7 +18,7 @@ keras = pytest.importorskip("keras", reason="the Keras gate needs Keras installe
 
 from keras_dtensor_mixfix import keras_integration  # noqa: E402
 from keras_dtensor_mixfix._keras.boundary import keras_modules  # noqa: E402
-from keras_dtensor_mixfix._keras.gate import keras_gate, selfcheck
+from keras_dtensor_mixfix._keras.gate import keras_gate, selfcheck  # noqa: E402
 from keras_dtensor_mixfix._rules import env  # noqa: E402
 
 NEWEST = keras_modules.NEWEST_KERAS

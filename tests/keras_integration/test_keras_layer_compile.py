@@ -1,4 +1,5 @@
-"""``jit_compile=True`` under a distribution compiles each distinct repeated block once (``_keras/step/layer_compile.py``).
+"""``jit_compile=True`` under a distribution compiles each distinct repeated block once
+(``_keras/step/layer_compile.py``).
 
 Which layers are interchangeable is decided from what Keras says of them (``_keras/step/block_groups.py``; tested in
 one process, no ranks): identical blocks group; a block whose configuration, a sublayer's configuration, its
@@ -13,8 +14,9 @@ add a loss in a training call give one process's trained weights and losses; so 
 ``compute_loss`` and compiled with a metric (the loss and the metrics run as compiled regions of their own). The
 whole-step compile (``KERAS_DTENSOR_MIXFIX_COMPILE_UNIT=step``) on (1, 2) gives one process's values too
 (``MIXFIX_TEST_SLOW=1``: by hand). A block that changes its own Python state in a call runs eagerly, with one
-warning, and still gives one process's values; so does a block torch.compile refuses, the warning giving torch's reason. Outside the steps (a
-direct call), the blocks run as Keras runs them; ``uninstall()`` gives every block its class's ``call`` back.
+warning, and still gives one process's values; so does a block torch.compile refuses, the warning giving torch's
+reason. Outside the steps (a direct call), the blocks run as Keras runs them; ``uninstall()`` gives every block
+its class's ``call`` back.
 """
 
 from __future__ import annotations
@@ -335,9 +337,9 @@ def _assert_equal(got, want):
 
 # On Keras 3.15 and later only: before 3.15 TorchDynamo breaks the graph at every Keras op (so a block is no one
 # graph), and ranks compiling each small graph on 2 cores cost minutes; the Keras 3.16 environment runs both meshes
-@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
-                                                      "one graph each (what this test counts) and 4 ranks take minutes; "
-                                                      "this test runs on Keras 3.16")
+@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH,
+                    reason="Keras before 3.15 compiles op by op, so blocks cannot compile as one graph each (what "
+                           "this test counts) and 4 ranks take minutes; this test runs on Keras 3.16")
 @pytest.mark.parametrize("world_size, mesh_shape", [(2, (1, 2)), (4, (2, 2))], ids=["1x2", "2x2"])
 def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
     """Also a second compile of the job from the ranks' on-disk caches (the rank workers' own directory), as a
@@ -377,9 +379,9 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
     assert per_layer[0]["trainer_regions_after_uninstall"] == []
 
 
-@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH, reason="Keras before 3.15 compiles op by op, so blocks cannot compile as "
-                                                      "one graph each (what this test counts); this test runs on Keras "
-                                                      "3.15 and 3.16")
+@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH,
+                    reason="Keras before 3.15 compiles op by op, so blocks cannot compile as one graph each (what "
+                           "this test counts); this test runs on Keras 3.15 and 3.16")
 def test_blocks_that_update_statistics_and_add_losses_equal_one_process():
     """What a member's call updates (a running mean, as a normalization keeps) reaches the member's own variables, and
     the losses it adds are the member's: trained weights (statistics included) and losses equal one process."""

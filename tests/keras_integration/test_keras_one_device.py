@@ -1,9 +1,9 @@
 """A ``keras.distribution`` mesh of one device in a one-process job (a ModelParallel script run on one GPU): its
 variables, batches and outputs are Keras' own plain tensors on that device, so ``fit``, ``evaluate``, ``predict``,
 ``save_weights``/``load_weights`` and the ``.keras`` file give exactly what the same program gives without a
-distribution from the same initial weights (bit for bit), with none of DTensor's host time per op (BENCHMARKS.md "What a GPU will see");
-``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE=1`` keeps DTensors there (what ``benchmarks/gpu_check.py`` checks on one
-GPU), with the same values to float tolerance.
+distribution from the same initial weights (bit for bit), with none of DTensor's host time per op (BENCHMARKS.md
+"What a GPU will see"); ``KERAS_DTENSOR_MIXFIX_DTENSORS_ON_ONE_DEVICE=1`` keeps DTensors there (what
+``benchmarks/gpu_check.py`` checks on one GPU), with the same values to float tolerance.
 
 On Keras 3.16, whose own torch ``distribution_lib`` the integration keeps, Keras' module decides what a one-device
 mesh holds: these tests run on 3.12 to 3.15.

@@ -21,9 +21,9 @@ pytest.importorskip("keras", reason="the Keras repros need Keras")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros"))
 
-import keras_duplicate_path_not_a_torch_parameter  # noqa: E402
-import keras_layer_compile_region_reuse  # noqa: E402
-import keras_ops_fullgraph  # noqa: E402
+import keras_duplicate_path_not_a_torch_parameter
+import keras_layer_compile_region_reuse
+import keras_ops_fullgraph
 
 _TESTED: set = set()
 
@@ -35,7 +35,8 @@ def keras_defect(name, only_when=True, also_when=False, **xfail_arguments):
     defect = BY_NAME[name]
     expected = (defect.applies(KERAS_RELEASE) and only_when) or also_when
     return pytest.mark.xfail(expected, strict=True, **xfail_arguments,
-                             reason=f"Keras {KERAS_RELEASE}: {defect.summary}; {defect.workaround.value}: {defect.where}")
+                             reason=f"Keras {KERAS_RELEASE}: {defect.summary}; "
+                                    f"{defect.workaround.value}: {defect.where}")
 
 
 @keras_defect("keras_ops_not_one_graph")

@@ -105,8 +105,8 @@ def layout_checks(keys):
             keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"),
             [np.ones((4, 6), "float32"), np.ones((4, 4), "float32")], 4)
         keras.distribution.set_distribution(distribution)
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="d1"), keras.layers.Dense(4, name="d2")],
-                                 name="net")
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="d1"),
+                                  keras.layers.Dense(4, name="d2")], name="net")
         model.compile(optimizer="adam", loss="mse")
         model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)
         model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)  # warned once

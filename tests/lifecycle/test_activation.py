@@ -438,9 +438,11 @@ print("records_after_repatch", len(_packs.pack_records()))
 def test_rule_packs_from_an_installed_distribution(tmp_path):
     result = _python(PACK_REPORT, {"KERAS_DTENSOR_MIXFIX": "0"}, extra_path=_install_dummy_packs(tmp_path))
     out = _ok(result)
-    from keras_dtensor_mixfix._rules.builtin_pack import KNOWN_WRONG_IN_DTENSOR, PARAMETER_OPS
+    from keras_dtensor_mixfix._rules.builtin_pack import (KNOWN_WRONG_IN_DTENSOR, KNOWN_WRONG_ON_RELEASES_WITH,
+                                                          PARAMETER_OPS)
 
-    assert f"pack builtin loaded {len(set(PARAMETER_OPS) | set(KNOWN_WRONG_IN_DTENSOR))}" in out  # one rule per op
+    rules = set(PARAMETER_OPS) | set(KNOWN_WRONG_IN_DTENSOR) | set(KNOWN_WRONG_ON_RELEASES_WITH)
+    assert f"pack builtin loaded {len(rules)}" in out  # one rule per op
     assert "pack dummy loaded 2" in out
     assert "rule aten::mm.default local pack:dummy" in out and "rule aten::bmm error pack:dummy" in out
     # a pack that raises is skipped with nothing half-registered; one that fails to import is skipped
@@ -475,7 +477,8 @@ def doctor_output():
 def test_doctor_reports_versions_mechanism_activation_options_packs_and_rules(doctor_output):
     out = doctor_output
     for needle in ["keras_dtensor_mixfix 0.1.0", "torch 2.", "keras 3.", "mechanism: torch_dispatch_rules",
-                   "torch.backends entry point installed: yes", "state:", "default = 'local'  (from KERAS_DTENSOR_MIXFIX_DEFAULT)",
+                   "torch.backends entry point installed: yes", "state:",
+                   "default = 'local'  (from KERAS_DTENSOR_MIXFIX_DEFAULT)",
                    "builtin [loaded]", "aten::native_layer_norm", "from pack:builtin"]:
         assert needle in out, (needle, out)
 
@@ -528,7 +531,8 @@ def test_help_answers_without_importing_torch_under_both_names():
 
 def test_doctor_shows_the_live_patch(doctor_output):
     out = doctor_output
-    assert "live: yes" in out and "ops hooked" in out and "state: patched when torch.distributed.tensor was imported" in out
+    assert ("live: yes" in out and "ops hooked" in out
+            and "state: patched when torch.distributed.tensor was imported" in out)
 
 
 def test_demo_shows_the_error_then_the_reference_result(tmp_path):
@@ -541,8 +545,10 @@ def test_demo_shows_the_error_then_the_reference_result(tmp_path):
         "@hookimpl\ndef register_rules(register):\n    register('aten::mm', 'local')\n"
     )
     (site / "mm_local_pack-1.0.dist-info").mkdir()
-    (site / "mm_local_pack-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mm-local-pack\nVersion: 1.0\n")
-    (site / "mm_local_pack-1.0.dist-info" / "entry_points.txt").write_text("[keras_dtensor_mixfix]\nmm_local = mm_local_pack\n")
+    (site / "mm_local_pack-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: mm-local-pack\nVersion: 1.0\n")
+    (site / "mm_local_pack-1.0.dist-info" / "entry_points.txt").write_text(
+        "[keras_dtensor_mixfix]\nmm_local = mm_local_pack\n")
     env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                KERAS_DTENSOR_MIXFIX_DEFAULT="error")
     result = subprocess.run([sys.executable, "-m", "keras_dtensor_mixfix", "demo"], capture_output=True, text=True,

@@ -121,34 +121,34 @@ CASES += [("smollm3", "model_parallel", (1, 2)), ("smollm3", "model_parallel", (
 # Every other keras_hub 0.32 CausalLM with a text backbone, from its tiniest config (Gemma4's assistant is left out:
 # it is a draft model that runs only beside a target model). Aliases are covered by their class: Qwen2 is Qwen,
 # SmolLM is SmolLM3.
-V, L, H, I = 64, 2, 16, 32
+V, L, H, FF = 64, 2, 16, 32
 GQA = dict(vocabulary_size=V, num_layers=L, num_query_heads=4, num_key_value_heads=2, hidden_dim=H)
-GEMMA4 = dict(GQA, intermediate_dim=I, image_size=16, head_dim=4, global_head_dim=8, sliding_window_size=64,
+GEMMA4 = dict(GQA, intermediate_dim=FF, image_size=16, head_dim=4, global_head_dim=8, sliding_window_size=64,
               layer_types=["sliding_attention", "full_attention"], vision_encoder=None, audio_encoder=None)
 QWEN3_5 = dict(GQA, head_dim=8, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
                linear_num_value_heads=4, linear_key_head_dim=4, linear_value_head_dim=4, linear_conv_kernel_dim=4)
 MODELS.update({
     "bloom": ("BloomBackbone", "BloomCausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4, hidden_dim=H,
-                                                     intermediate_dim=I)),
+                                                     intermediate_dim=FF)),
     "falcon": ("FalconBackbone", "FalconCausalLM", dict(vocabulary_size=V, num_layers=L, num_attention_heads=4,
-                                                        hidden_dim=H, intermediate_dim=I)),
+                                                        hidden_dim=H, intermediate_dim=FF)),
     # dropout off (GPT2's and OPT's default is 0.1): ranks draw their masks for their own pieces, so a training step
     # is not the one process's draw, though each is a valid one
     "gpt2": ("GPT2Backbone", "GPT2CausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4, hidden_dim=H,
-                                                  intermediate_dim=I, max_sequence_length=64, dropout=0.0)),
+                                                  intermediate_dim=FF, max_sequence_length=64, dropout=0.0)),
     # rotary_percentage 0.5: the default 0.25 of a head of 4 is a rotary dim of 1, which keras_hub refuses (odd)
     "gpt_neox": ("GPTNeoXBackbone", "GPTNeoXCausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4,
-                                                            hidden_dim=H, intermediate_dim=I, max_sequence_length=64,
+                                                            hidden_dim=H, intermediate_dim=FF, max_sequence_length=64,
                                                             rotary_percentage=0.5)),
     "opt": ("OPTBackbone", "OPTCausalLM", dict(vocabulary_size=V, num_layers=L, num_heads=4, hidden_dim=H,
-                                               intermediate_dim=I, max_sequence_length=64, dropout=0.0)),
-    "gemma3": ("Gemma3Backbone", "Gemma3CausalLM", dict(GQA, intermediate_dim=I, image_size=16, head_dim=4,
+                                               intermediate_dim=FF, max_sequence_length=64, dropout=0.0)),
+    "gemma3": ("Gemma3Backbone", "Gemma3CausalLM", dict(GQA, intermediate_dim=FF, image_size=16, head_dim=4,
                                                         use_post_ffw_norm=True, use_post_attention_norm=True,
                                                         use_sliding_window_attention=True, sliding_window_size=64,
                                                         vision_encoder=None)),
     "gemma3n": ("Gemma3nBackbone", "Gemma3nCausalLM", dict(
         text_vocab_size=V, text_hidden_size=H, num_hidden_layers=L, pad_token_id=0, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=4, intermediate_size=[I, I], hidden_activation="gelu_approximate",
+        num_key_value_heads=2, head_dim=4, intermediate_size=[FF, FF], hidden_activation="gelu_approximate",
         layer_types=["sliding_attention", "full_attention"], sliding_window=64, rope_theta=10000.0,
         max_position_embeddings=64, vocab_size_per_layer_input=V, hidden_size_per_layer_input=4, altup_num_inputs=2,
         laurel_rank=4)),
@@ -157,17 +157,17 @@ MODELS.update({
                                                             expert_intermediate_dim=8, num_experts_per_token=2)),
     "gpt_oss": ("GptOssBackbone", "GptOssCausalLM", dict(GQA, intermediate_dim=8, num_experts=4, top_k=2,
                                                          head_dim=4, sliding_window=64)),
-    "mistral": ("MistralBackbone", "MistralCausalLM", dict(GQA, intermediate_dim=I, sliding_window=64, head_dim=4)),
+    "mistral": ("MistralBackbone", "MistralCausalLM", dict(GQA, intermediate_dim=FF, sliding_window=64, head_dim=4)),
     "mixtral": ("MixtralBackbone", "MixtralCausalLM", dict(GQA, intermediate_dim=8, num_experts=4, top_k=2,
                                                            sliding_window=64)),
-    "phi3": ("Phi3Backbone", "Phi3CausalLM", dict(GQA, intermediate_dim=I, max_sequence_length=64,
+    "phi3": ("Phi3Backbone", "Phi3CausalLM", dict(GQA, intermediate_dim=FF, max_sequence_length=64,
                                                   pretraining_sequence_length=64)),
-    "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(GQA, intermediate_dim=I, head_dim=4)),
-    "qwen3_5": ("Qwen3_5Backbone", "Qwen3_5CausalLM", dict(QWEN3_5, intermediate_dim=I)),
+    "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(GQA, intermediate_dim=FF, head_dim=4)),
+    "qwen3_5": ("Qwen3_5Backbone", "Qwen3_5CausalLM", dict(QWEN3_5, intermediate_dim=FF)),
     "qwen3_5_moe": ("Qwen3_5MoeBackbone", "Qwen3_5MoeCausalLM", dict(
         QWEN3_5, moe_intermediate_dim=8, shared_expert_intermediate_size=8, num_experts=4, top_k=2)),
     "rwkv7": ("RWKV7Backbone", "RWKV7CausalLM", dict(hidden_size=H, head_size=4, num_layers=L, vocabulary_size=V,
-                                                     intermediate_dim=I, gate_lora=4, mv_lora=4, aaa_lora=4,
+                                                     intermediate_dim=FF, gate_lora=4, mv_lora=4, aaa_lora=4,
                                                      decay_lora=4)),
 })
 # Every model under the map the package derives from the model itself (keras_dtensor_mixfix.layouts); the
@@ -388,7 +388,8 @@ def distributed_case(name, mode, mesh_shape, optimizer="adam"):
         out = _run(lm, rows=_own_rows(mode, mesh_shape))
         out["compiled_groups"] = [[layer.name for layer in group] for group in layer_compile.repeated_groups(lm)]
         # pairs, not a dict: two variables may share a path (SmolLM3 builds its o_proj outside the layer's scope)
-        if mode in ("derived", "compiled"):  # what the derivation asked for, read in a fresh session (other layer names)
+        if mode in ("derived", "compiled"):
+            # what the derivation asked for, read in a fresh session (other layer names)
             from keras_dtensor_mixfix.layouts import derive_layouts
 
             mesh = keras.distribution.DeviceMesh(mesh_shape, ["batch", "model"], keras.distribution.list_devices())
@@ -421,7 +422,7 @@ def distributed_cases(cases):
         for index, case in enumerate(cases):
             try:
                 results[case] = distributed_case(*case)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a failing case is a result: its traceback is reported
                 results[case] = traceback.format_exc()
                 if (case[1] == "compiled" and case[0] in NOT_COMPILED) or _torch_2_11_cannot(case[0], case[1]):
                     continue  # torch refuses these while it traces, on every rank alike: the ranks stay in step
@@ -451,7 +452,8 @@ def _distributed(world_size, selected=None):
         timeout = 600 + sum(300 if case[1] == "compiled" else 30 for case in cases) * world_size // 2
         per_rank = run_on_ranks(distributed_cases, cases, world_size=world_size, timeout=timeout)
         if any(not isinstance(out, dict) for results in per_rank for out in results.values()):
-            shutdown_workers()  # a case failed: its ranks' process group may be out of step, the next test gets new ones
+            # a case failed: its ranks' process group may be out of step, the next test gets new ones
+            shutdown_workers()
         _per_world_size[world_size] = per_rank
     return _per_world_size[world_size]
 
@@ -547,7 +549,8 @@ def test_causal_lm_equals_single_process(name, mode, shape, request):
         assert any("embeddings" in path for path in sharded), sharded  # vocabulary-sharded table
         # attention and feed-forward kernels of every block
         for part in ATTENTION_PARTS.get(name, ("query", "key", "value", "attention_output")):
-            assert sum(part == path.split("/")[-2] for path in sharded) == MODELS[name][2]["num_layers"], (part, sharded)
+            assert (sum(part == path.split("/")[-2] for path in sharded)
+                    == MODELS[name][2]["num_layers"]), (part, sharded)
         untied_output = mode == "model_parallel_tp"  # the output projection too
         assert len(sharded) == 1 + untied_output + MODELS[name][2]["num_layers"] * SHARDED_PER_BLOCK[name], sharded
         if mode == "model_parallel_tp":  # split by heads (dim 1 of (hidden, heads, head_dim))
@@ -578,7 +581,8 @@ def test_causal_lm_equals_single_process(name, mode, shape, request):
     assert not all(np.array_equal(got, before) for got, before in zip(out["trained"], out["initial"]))
     for rank, got in enumerate(per_rank):  # each rank's predictions of the rows it fed
         np.testing.assert_allclose(got["predicted"], reference["predicted"][got["rows"]], rtol=1e-5,
-                                   atol=PREDICTION_ATOL.get((name, mode, shape), PREDICTION_ATOL.get((name, shape), 1e-5)),
+                                   atol=PREDICTION_ATOL.get((name, mode, shape),
+                                                            PREDICTION_ATOL.get((name, shape), 1e-5)),
                                    err_msg=f"rank {rank}")
     np.testing.assert_array_equal(out["generated"], reference["generated"])
     assert out["pipeline"] == reference["pipeline"]

@@ -55,7 +55,8 @@ def weighted_losses(world_size):
             "nll weight": lambda x: F.nll_loss(F.log_softmax(x, -1), labels, weight=weight),
             "ce weight": lambda x: F.cross_entropy(x, labels, weight=weight),
             "ce ignore_index": lambda x: F.cross_entropy(x, ignored),
-            "ce weight ignore_index smoothing": lambda x: F.cross_entropy(x, ignored, weight=weight, label_smoothing=0.1),
+            "ce weight ignore_index smoothing": lambda x: F.cross_entropy(x, ignored, weight=weight,
+                                                                          label_smoothing=0.1),
             "ce sum": lambda x: F.cross_entropy(x, ignored, weight=weight, reduction="sum"),
             "ce none": lambda x: F.cross_entropy(x, ignored, weight=weight, reduction="none"),
         }
@@ -259,7 +260,8 @@ def mask_cases(world_size):
         weights = torch.arange(reference.numel(), dtype=torch.float32).reshape(reference.shape)
         (reference * weights).sum().backward()
         for split_dim in (None, 0, 1, 2):
-            placements = [Replicate()] * m.ndim if split_dim is None else [Replicate()] * (m.ndim - 1) + [Shard(split_dim)]
+            placements = ([Replicate()] * m.ndim if split_dim is None
+                          else [Replicate()] * (m.ndim - 1) + [Shard(split_dim)])
             dx = shard(x, m, placements, requires_grad=True)
             what = f"{name} split {split_dim}"
             if split_dim in indexed:
@@ -321,7 +323,8 @@ def two_mesh_cases(world_size):
             close(p.grad, r.grad, f"clip foreach={foreach}: grad {index}")
             close(p, r, f"AdamW {kernel}: parameter {index}")
         # without the package (workers run unpatched outside patched()), torch refuses the same program
-        unpatched = [torch.nn.Parameter(shard(w, mesh, placements)) for (mesh, placements), w in zip(layouts[:3], weights)]
+        unpatched = [torch.nn.Parameter(shard(w, mesh, placements))
+                     for (mesh, placements), w in zip(layouts[:3], weights)]
         for p, g, (mesh, placements) in zip(unpatched, grads, layouts):
             p.grad = shard(g, mesh, placements)
         error = _error(lambda: torch.nn.utils.clip_grad_norm_(unpatched, 1.0, foreach=foreach))  # not patched here

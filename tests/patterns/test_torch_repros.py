@@ -24,43 +24,43 @@ from keras_dtensor_mixfix.testing import RankError, run_on_ranks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros"))
 
-import torch_activation_backward_strides  # noqa: E402
-import torch_aot_autograd_cache_numpy_operator  # noqa: E402
-import torch_argmax_2d  # noqa: E402
-import torch_boolean_mask_index  # noqa: E402
-import torch_clip_grad_norm_two_meshes  # noqa: E402
-import torch_compile_dtensor_output_without_gradient  # noqa: E402
-import torch_compile_mutated_dtensor_input  # noqa: E402
-import torch_conv_backward_2d_mesh  # noqa: E402
-import torch_conv_channel_split  # noqa: E402
-import torch_conv_handler_unsplit  # noqa: E402
-import torch_conv_weight_grad_partial  # noqa: E402
-import torch_cosine_embedding_loss_split_features  # noqa: E402
-import torch_cumsum_negative_dim  # noqa: E402
-import torch_dcp_load_reads_whole_saved_tensor  # noqa: E402
-import torch_dtensor_argmax_compiled  # noqa: E402
-import torch_dtensor_one_hot_compiled  # noqa: E402
-import torch_dynamo_compiles_dtensor_unflatten  # noqa: E402
-import torch_dynamo_hasattr_dtensor  # noqa: E402
-import torch_elastic_restart_stale_gloo_address  # noqa: E402
-import torch_embedding_mask_2d  # noqa: E402
-import torch_flip_no_strategy  # noqa: E402
-import torch_foreach_inplace_partial  # noqa: E402
-import torch_fused_sgd_dtensor  # noqa: E402
-import torch_fx_graph_cache_device_mesh_hash  # noqa: E402
-import torch_index_put_inplace  # noqa: E402
-import torch_index_put_split_self  # noqa: E402
-import torch_local_tensor_mesh_coordinate_per_rank  # noqa: E402
-import torch_mse_loss_mean_backward  # noqa: E402
-import torch_ne_tensor_no_strategy  # noqa: E402
-import torch_nll_loss_weighted_mean  # noqa: E402
-import torch_no_decomposition_strategy  # noqa: E402
-import torch_pad_2d_mesh  # noqa: E402
-import torch_scatter_add_src_misaligned  # noqa: E402
-import torch_sdpa_cpu_no_strategy  # noqa: E402
-import torch_stack_negative_dim  # noqa: E402
-import torch_view_flatten_split_dim  # noqa: E402
-import torch_view_two_axes_one_dim  # noqa: E402
+import torch_activation_backward_strides
+import torch_aot_autograd_cache_numpy_operator
+import torch_argmax_2d
+import torch_boolean_mask_index
+import torch_clip_grad_norm_two_meshes
+import torch_compile_dtensor_output_without_gradient
+import torch_compile_mutated_dtensor_input
+import torch_conv_backward_2d_mesh
+import torch_conv_channel_split
+import torch_conv_handler_unsplit
+import torch_conv_weight_grad_partial
+import torch_cosine_embedding_loss_split_features
+import torch_cumsum_negative_dim
+import torch_dcp_load_reads_whole_saved_tensor
+import torch_dtensor_argmax_compiled
+import torch_dtensor_one_hot_compiled
+import torch_dynamo_compiles_dtensor_unflatten
+import torch_dynamo_hasattr_dtensor
+import torch_elastic_restart_stale_gloo_address
+import torch_embedding_mask_2d
+import torch_flip_no_strategy
+import torch_foreach_inplace_partial
+import torch_fused_sgd_dtensor
+import torch_fx_graph_cache_device_mesh_hash
+import torch_index_put_inplace
+import torch_index_put_split_self
+import torch_local_tensor_mesh_coordinate_per_rank
+import torch_mse_loss_mean_backward
+import torch_ne_tensor_no_strategy
+import torch_nll_loss_weighted_mean
+import torch_no_decomposition_strategy
+import torch_pad_2d_mesh
+import torch_scatter_add_src_misaligned
+import torch_sdpa_cpu_no_strategy
+import torch_stack_negative_dim
+import torch_view_flatten_split_dim
+import torch_view_two_axes_one_dim
 
 
 REPROS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repros")

@@ -23,9 +23,9 @@ def _has(name):
 
 
 @pytest.mark.skipif(not (_has("keras") and _has("keras_hub")),
-                    reason="runs where keras_hub is installed (CONTRIBUTING's keras_hub environment, in CI), where every row "
-                           "family runs; without it the Keras rows would only say skipped, and rows 1 to 3 repeat the "
-                           "engine's own tests")
+                    reason="runs where keras_hub is installed (CONTRIBUTING's keras_hub environment, in CI), where "
+                           "every row family runs; without it the Keras rows would only say skipped, and rows 1 to 3 "
+                           "repeat the engine's own tests")
 def test_gpu_check_on_cpu():
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--device", "cpu",
                            "--size", "small"], capture_output=True, text=True, timeout=900,

@@ -72,7 +72,8 @@ RUN_PER_FILE = {
 """What each documentation file runs and checks. A block added or removed changes this too."""
 
 SKIPPED = {
-    # the whole suite (~35 minutes on 2 cores) as CI runs it on the newest torch, and what changes with torch on the others
+    # the whole suite (~35 minutes on 2 cores) as CI runs it on the newest torch, and what changes with torch on
+    # the others
     "# on the newest supported torch: everything",
     # installs torch's registry build (several GB; CI keeps the wheels)
     "# the supported torch releases from the registry, as CI installs them (WHEELS: .ci/run's wheel cache)",
@@ -93,12 +94,13 @@ SKIPPED = {
     'KERAS_BACKEND=torch python -m pytest tests/models/test_keras_hub.py -k "qwen3_5 and derived and 2x2"',
     # 8 ranks of every keras_hub model but Qwen3.5 (its derived cases alone 721 s on 2 cores), and a recipe for two
     # machines
-    'KERAS_BACKEND=torch MIXFIX_TEST_MESHES=2x4,4x2 python -m pytest tests/models/test_keras_hub.py -k "(2x4 or 4x2) and not '
-    'qwen3_5"',
+    'KERAS_BACKEND=torch MIXFIX_TEST_MESHES=2x4,4x2 python -m pytest tests/models/test_keras_hub.py '
+    '-k "(2x4 or 4x2) and not qwen3_5"',
     # four keras_hub models compiled on (1, 2) and (2, 2) (CI compiles two on (1, 2))
     "KERAS_BACKEND=torch python -m pytest tests/models/test_keras_hub.py -k compiled",
     # every keras_hub model compiled (1203 s on 2 cores)
-    'KERAS_BACKEND=torch MIXFIX_TEST_COMPILED_MODELS=all python -m pytest tests/models/test_keras_hub.py -k "compiled and 1x2"',
+    'KERAS_BACKEND=torch MIXFIX_TEST_COMPILED_MODELS=all python -m pytest tests/models/test_keras_hub.py '
+    '-k "compiled and 1x2"',
     "# on the first machine (its address: MASTER), then the same with --node-rank 1 on the second",
 }
 """The first line of every block that is not run. Adding a skip is a decision: it changes this set too."""
@@ -351,7 +353,8 @@ def test_ci_runs_the_commands_the_readme_gives():
     for block in blocks:
         commands = [line.strip() for line in block.code.splitlines() if line.strip() and not line.startswith("#")]
         assert commands, block.where
-        for command in commands:  # a line of .ci/run, or its end (`.venv-ci/bin/pip install ...`, `... && lint-imports`)
+        # a line of .ci/run, or its end (`.venv-ci/bin/pip install ...`, `... && lint-imports`)
+        for command in commands:
             assert any(line == command or line.endswith(" " + command) or line.endswith("/" + command)
                        for line in ci_lines), f"{block.where}: .ci/run does not run {command!r}"
     test_command = next(block for block in blocks if block.first_line == "# on the newest supported torch: everything")

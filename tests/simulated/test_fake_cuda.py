@@ -10,8 +10,8 @@ and the gloo tests check values). What they cover:
 - a 0-dim CPU scalar meeting CUDA DTensors: accepted, as torch accepts it beside plain CUDA tensors;
 - ``cuda:1`` against ``cuda:0`` (a rank whose current device is wrong): refused, naming both;
 - CUDA's defaults in optimizers and ``clip_grad_norm_`` over mixed parameter lists: with CUDA tensors torch takes the
-  ``foreach`` kernels (and ``fused=True``), which it never takes on the CPU; the GPU check's rows that need CUDA run here
-  where they check devices and placements.
+  ``foreach`` kernels (and ``fused=True``), which it never takes on the CPU; the GPU check's rows that need CUDA run
+  here where they check devices and placements.
 
 What cannot run this way: autograd. Its engine asks the CUDA runtime about the device of every leaf that requires
 grad (a CPU-only build: "PyTorch is not linked with support for cuda devices"; a CUDA build without a GPU:

@@ -78,7 +78,7 @@ def capture(fn: Any, make_leaves: Callable[[], List[Any]], spec: Any, implicit: 
         with implicit_replication() if implicit else contextlib.nullcontext():
             out = call(fn, leaves, spec)
         return {"returned": True, "out": snapshot(out), "leaves": snapshot(leaves)}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the error is the result, compared between phases
         kind = type(exc)
         return {"returned": False, "exc_type": f"{kind.__module__}.{kind.__qualname__}", "exc_name": kind.__name__,
                 "exc_msg": str(exc)}
@@ -103,7 +103,7 @@ def _tensor_difference(a: Any, b: Any, where: str) -> Optional[str]:
     try:
         if torch.equal(_as_bytes(a), _as_bytes(b)):
             return None
-    except Exception:  # a dtype without a byte view: values, NaNs in the same places
+    except Exception:  # noqa: BLE001 - a dtype without a byte view: values, NaNs in the same places
         if torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                  and torch.equal(a[~a.isnan()], b[~b.isnan()])):
             return None
@@ -178,7 +178,8 @@ class Check:
         """Phase B (patched): same or differs (not_accepted: torch raised its mixed-operand error)."""
         patched = self.run()
         if not self.unpatched["returned"] and TORCH_MIXED_ERROR in self.unpatched["exc_msg"]:
-            self.record["cls"], self.record["msg"] = NOT_ACCEPTED, f"torch's mixed-operand error; patched {outcome_label(patched)}"
+            self.record["cls"], self.record["msg"] = NOT_ACCEPTED, ("torch's mixed-operand error; patched "
+                                                                    f"{outcome_label(patched)}")
             return
         problem = outcome_difference(self.unpatched, patched)
         self.record["cls"], self.record["msg"] = ("differs", problem) if problem else ("same", "")

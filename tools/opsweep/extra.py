@@ -151,7 +151,8 @@ def _cross_entropy(r: _Rand) -> List[Extra]:
 
     out = _class_index_losses(r, logits=True)
     # probability targets (no ignore_index there)
-    for n, reduction, opts in ([(4, red, ("weight",)) for red in REDUCTIONS] + [(4, red, ("weight", "ls")) for red in REDUCTIONS]
+    for n, reduction, opts in ([(4, red, ("weight",)) for red in REDUCTIONS]
+                               + [(4, red, ("weight", "ls")) for red in REDUCTIONS]
                                + [(4, "mean", ()), (4, "mean", ("ls",)), (3, "mean", ("weight", "ls"))]):
         c = 4 if n % 2 == 0 else 3
         kwargs: Dict[str, Any] = {}
@@ -177,13 +178,15 @@ def _binary_cross_entropy(r: _Rand) -> List[Extra]:
             kwargs["weight"] = r.rand(2) + 0.5 if weight == "per-class" else r.rand(n, 2) + 0.5
         kwargs["reduction"] = reduction
         sample = _sample(torch.sigmoid(r.randn(n, 2)), r.rand(n, 2), **kwargs)
-        out.append((f"batch {n}, {reduction}, weight {weight or 'none'}", sample, reduction == "mean" and weight == "per-class"))
+        out.append((f"batch {n}, {reduction}, weight {weight or 'none'}", sample,
+                    reduction == "mean" and weight == "per-class"))
     return out
 
 
 def _binary_cross_entropy_with_logits(r: _Rand) -> List[Extra]:
     out: List[Extra] = []
-    for n, reduction, opts in ([(4, red, ("pos_weight",)) for red in REDUCTIONS] + [(4, red, ("weight", "pos_weight")) for red in REDUCTIONS]
+    for n, reduction, opts in ([(4, red, ("pos_weight",)) for red in REDUCTIONS]
+                               + [(4, red, ("weight", "pos_weight")) for red in REDUCTIONS]
                                + [(4, "mean", ()), (4, "mean", ("weight",)), (3, "mean", ("weight", "pos_weight")),
                                   (3, "sum", ("pos_weight",))]):
         kwargs: Dict[str, Any] = {}
@@ -206,7 +209,8 @@ def _pair_loss(target: str = "randn", extra_kwargs: Dict[str, Any] = None, reduc
         out: List[Extra] = []
         for n, reduction in [(4, red) for red in reductions] + [(3, "mean")]:
             x = r.randn(n, 2)
-            y = {"randn": lambda: r.randn(n, 2), "sign": lambda: r.sign(n, 2), "rand": lambda: r.rand(n, 2) + 0.1}[target]()
+            y = {"randn": lambda: r.randn(n, 2), "sign": lambda: r.sign(n, 2),
+                 "rand": lambda: r.rand(n, 2) + 0.1}[target]()
             if prepare is not None:
                 x = prepare(x)
             sample = _sample(x, y, **dict(extra_kwargs or {}), reduction=reduction)
@@ -226,7 +230,8 @@ def _kl_div(r: _Rand) -> List[Extra]:
     import torch
 
     out = _pair_loss("rand", reductions=REDUCTIONS + ("batchmean",), prepare=_log_softmax)(r)
-    sample = _sample(torch.log_softmax(r.randn(4, 2), 1), torch.log_softmax(r.randn(4, 2), 1), reduction="batchmean", log_target=True)
+    sample = _sample(torch.log_softmax(r.randn(4, 2), 1), torch.log_softmax(r.randn(4, 2), 1), reduction="batchmean",
+                     log_target=True)
     out.append(("batch 4, batchmean, log_target", sample, False))
     return out
 
@@ -237,30 +242,34 @@ def _gaussian_nll_loss(r: _Rand) -> List[Extra]:
                                           + [(4, "mean", "one per row", True), (3, "mean", "full", False)]):
         var = r.rand(n, 2) + 0.5 if var_shape == "full" else r.rand(n, 1) + 0.5
         sample = _sample(r.randn(n, 2), r.randn(n, 2), var, full=full, reduction=reduction)
-        out.append((f"batch {n}, {reduction}, var {var_shape}" + (", full" if full else ""), sample, n == 4 and reduction == "mean" and not full))
+        out.append((f"batch {n}, {reduction}, var {var_shape}" + (", full" if full else ""), sample,
+                    n == 4 and reduction == "mean" and not full))
     return out
 
 
 def _margin_ranking_loss(r: _Rand) -> List[Extra]:
-    return [(f"batch {n}, {red}", _sample(r.randn(n), r.randn(n), r.sign(n), margin=0.3, reduction=red), n == 4 and red == "mean")
+    return [(f"batch {n}, {red}",
+             _sample(r.randn(n), r.randn(n), r.sign(n), margin=0.3, reduction=red), n == 4 and red == "mean")
             for n, red in [(4, red) for red in REDUCTIONS] + [(3, "mean")]]
 
 
 def _cosine_embedding_loss(r: _Rand) -> List[Extra]:
-    return [(f"batch {n}, {red}", _sample(r.randn(n, 2), r.randn(n, 2), r.sign(n), margin=0.2, reduction=red), n == 4 and red == "mean")
+    return [(f"batch {n}, {red}",
+             _sample(r.randn(n, 2), r.randn(n, 2), r.sign(n), margin=0.2, reduction=red), n == 4 and red == "mean")
             for n, red in [(4, red) for red in REDUCTIONS] + [(3, "mean")]]
 
 
 def _multi_margin_loss(r: _Rand) -> List[Extra]:
     out: List[Extra] = []
-    for n, reduction, opts in ([(4, red, ("weight",)) for red in REDUCTIONS] + [(4, "mean", ()), (3, "mean", ("weight",)),
-                                                                               (4, "sum", ("weight", "p=2"))]):
+    for n, reduction, opts in ([(4, red, ("weight",)) for red in REDUCTIONS]
+                               + [(4, "mean", ()), (3, "mean", ("weight",)), (4, "sum", ("weight", "p=2"))]):
         c = 4 if n % 2 == 0 else 3
         kwargs: Dict[str, Any] = {"p": 2} if "p=2" in opts else {}
         if "weight" in opts:
             kwargs["weight"] = _class_weight(r, c)
         sample = _sample(r.randn(n, c), r.randint(0, c, n), margin=0.5, reduction=reduction, **kwargs)
-        out.append((f"batch {n}, {reduction}, {'+'.join(opts) or 'no weight'}", sample, n == 4 and reduction == "mean" and opts == ("weight",)))
+        out.append((f"batch {n}, {reduction}, {'+'.join(opts) or 'no weight'}", sample,
+                    n == 4 and reduction == "mean" and opts == ("weight",)))
     return out
 
 
@@ -273,7 +282,8 @@ def _multilabel_margin_loss(r: _Rand) -> List[Extra]:
         target = torch.stack([r.perm(c) for _ in range(n)])
         for row in range(n):  # the labels end at the first -1: 1 to c-1 labels per row
             target[row, 1 + row % (c - 1):] = -1
-        out.append((f"batch {n}, {reduction}", _sample(r.randn(n, c), target, reduction=reduction), n == 4 and reduction == "mean"))
+        out.append((f"batch {n}, {reduction}", _sample(r.randn(n, c), target, reduction=reduction),
+                    n == 4 and reduction == "mean"))
     return out
 
 
@@ -283,7 +293,8 @@ def _multilabel_soft_margin_loss(r: _Rand) -> List[Extra]:
         c = 4 if n % 2 == 0 else 3
         kwargs = {"weight": _class_weight(r, c)} if weighted else {}
         sample = _sample(r.randn(n, c), r.randint(0, 2, n, c).float(), reduction=reduction, **kwargs)
-        out.append((f"batch {n}, {reduction}, {'weight' if weighted else 'no weight'}", sample, n == 4 and reduction == "mean" and weighted))
+        out.append((f"batch {n}, {reduction}, {'weight' if weighted else 'no weight'}", sample,
+                    n == 4 and reduction == "mean" and weighted))
     return out
 
 
@@ -336,12 +347,14 @@ def _perm_index(r: _Rand, rows: int, cols: int) -> Any:
 
 
 def _scatter_add(r: _Rand) -> List[Extra]:
-    return [(f"dim {d}, duplicate indices", _sample(r.randn(4, 4), d, _dup_index(r, 4, 4), r.randn(4, 4)), d == 0) for d in (0, 1)]
+    return [(f"dim {d}, duplicate indices", _sample(r.randn(4, 4), d, _dup_index(r, 4, 4), r.randn(4, 4)), d == 0)
+            for d in (0, 1)]
 
 
 def _scatter(r: _Rand) -> List[Extra]:
     return [("dim 0, a permutation per column", _sample(r.randn(4, 4), 0, _perm_index(r, 4, 4), r.randn(4, 4)), True),
-            ("dim 0, duplicate indices, reduce='add'", _sample(r.randn(4, 4), 0, _dup_index(r, 4, 4), r.randn(4, 4), reduce="add"), False)]
+            ("dim 0, duplicate indices, reduce='add'",
+             _sample(r.randn(4, 4), 0, _dup_index(r, 4, 4), r.randn(4, 4), reduce="add"), False)]
 
 
 def _scatter_reduce(reduce: str) -> Callable[[_Rand], List[Extra]]:
@@ -355,7 +368,8 @@ def _scatter_reduce(reduce: str) -> Callable[[_Rand], List[Extra]]:
 
 
 def _index_add(r: _Rand) -> List[Extra]:
-    return [(f"dim {d}, duplicate indices, alpha=2", _sample(r.randn(4, 4), d, _dup_index(r, 4), r.randn(4, 4), alpha=2), d == 0)
+    return [(f"dim {d}, duplicate indices, alpha=2",
+             _sample(r.randn(4, 4), d, _dup_index(r, 4), r.randn(4, 4), alpha=2), d == 0)
             for d in (0, 1)]
 
 
@@ -393,13 +407,17 @@ def _index_put(r: _Rand) -> List[Extra]:
     import torch
 
     mask = torch.tensor([True, False, True, True])
-    return [("rows, duplicate indices, accumulate=True", _sample(r.randn(4, 4), (_dup_index(r, 4),), r.randn(4, 4), accumulate=True), True),
-            ("rows, a permutation, accumulate=False", _sample(r.randn(4, 4), (r.perm(4),), r.randn(4, 4), accumulate=False), False),
-            ("boolean row mask, accumulate=False", _sample(r.randn(4, 4), (mask,), r.randn(3, 4), accumulate=False), True)]
+    return [("rows, duplicate indices, accumulate=True",
+             _sample(r.randn(4, 4), (_dup_index(r, 4),), r.randn(4, 4), accumulate=True), True),
+            ("rows, a permutation, accumulate=False",
+             _sample(r.randn(4, 4), (r.perm(4),), r.randn(4, 4), accumulate=False), False),
+            ("boolean row mask, accumulate=False",
+             _sample(r.randn(4, 4), (mask,), r.randn(3, 4), accumulate=False), True)]
 
 
 def _put(r: _Rand) -> List[Extra]:
-    return [("duplicate flat indices, accumulate=True", _sample(r.randn(4, 4), _dup_index(r, 4, high=16), r.randn(4), True), True)]
+    return [("duplicate flat indices, accumulate=True",
+             _sample(r.randn(4, 4), _dup_index(r, 4, high=16), r.randn(4), True), True)]
 
 
 def _take(r: _Rand) -> List[Extra]:
@@ -421,7 +439,8 @@ def _mask(r: _Rand) -> Any:
 
 def _masked_reduction(dims: Tuple[Any, ...], positional: Tuple[Any, ...] = ()) -> Callable[[_Rand], List[Extra]]:
     def build(r: _Rand) -> List[Extra]:
-        return [(f"dim {d}, plain-shaped mask", _sample(r.randn(4, 4), *positional, dim=d, mask=_mask(r)), d == 0) for d in dims]
+        return [(f"dim {d}, plain-shaped mask", _sample(r.randn(4, 4), *positional, dim=d, mask=_mask(r)), d == 0)
+                for d in dims]
 
     return build
 
@@ -450,14 +469,16 @@ def _group_norm(r: _Rand) -> List[Extra]:
 def _batch_norm(r: _Rand) -> List[Extra]:
     out: List[Extra] = []
     for training in (True, False):
-        sample = _sample(r.randn(4, 2), r.randn(2), r.rand(2) + 0.5, r.randn(2), r.randn(2), training=training, momentum=0.3)
+        sample = _sample(r.randn(4, 2), r.randn(2), r.rand(2) + 0.5, r.randn(2), r.randn(2), training=training,
+                         momentum=0.3)
         out.append((f"batch 4, training={training} (running stats updated in place when training)", sample, training))
     return out
 
 
-def _two(shape_a: Tuple[int, ...], shape_b: Tuple[int, ...], *args: Any, **kwargs: Any) -> Callable[[_Rand], List[Extra]]:
+def _two(shape_a: Tuple[int, ...], shape_b: Tuple[int, ...], *args: Any,
+         **kwargs: Any) -> Callable[[_Rand], List[Extra]]:
     def build(r: _Rand) -> List[Extra]:
-        return [(f"contracted dim of size 4", _sample(r.randn(*shape_a), r.randn(*shape_b), *args, **kwargs), True)]
+        return [("contracted dim of size 4", _sample(r.randn(*shape_a), r.randn(*shape_b), *args, **kwargs), True)]
 
     return build
 
@@ -572,4 +593,5 @@ def extra_samples(name: str, seed: int, mode: str = "all") -> List[Tuple[int, st
     if mode not in EXTRA_MODES:
         raise ValueError(f"extra mode {mode!r}: one of {EXTRA_MODES}")
     found = build(_Rand(seed))
-    return [(EXTRA_BASE + number, tag, sample) for number, (tag, sample, key) in enumerate(found) if key or mode == "all"]
+    return [(EXTRA_BASE + number, tag, sample) for number, (tag, sample, key) in enumerate(found)
+            if key or mode == "all"]

@@ -119,7 +119,8 @@ def extra_section(records: Sequence[Dict[str, Any]]) -> List[str]:
     cases = [r for r in records if r["t"] == "case" and r["s"] >= EXTRA_BASE]
     if not cases:
         return []
-    samples = {(r["op"], r["s"]) for r in records if r["t"] == "sample" and r["s"] >= EXTRA_BASE and r["status"] == "swept"}
+    samples = {(r["op"], r["s"]) for r in records
+               if r["t"] == "sample" and r["s"] >= EXTRA_BASE and r["status"] == "swept"}
     lines = [f"## The sweep's own samples (reduction keywords, reduced and indexed dims): {len(cases)} cases", "",
              "Wrong cases and clear errors on them are in the tables above and below with the rest; the sample "
              "column there ends with what the sample is for, in brackets. `clear, alone correct` = a clear error where "
@@ -132,8 +133,8 @@ def extra_section(records: Sequence[Dict[str, Any]]) -> List[str]:
     for op, rows in sorted(by_op.items()):
         n = {c: sum(r["cls"] == c for r in rows) for c in CLASSES}
         could = sum(r["cls"] == "clear_error" and alone_class(r) == "correct" for r in rows)
-        lines.append(f"| `{op}` | {sum(o == op for o, _ in samples)} | {len(rows)} | {n['correct']} | {n['clear_error']} | "
-                     f"{could} | {n['wrong']} | {n['crash']} |")
+        lines.append(f"| `{op}` | {sum(o == op for o, _ in samples)} | {len(rows)} | {n['correct']} | "
+                     f"{n['clear_error']} | {could} | {n['wrong']} | {n['crash']} |")
     lines.append("")
     return lines
 
@@ -161,15 +162,16 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
         "the other operands stay plain. `op.op` and, where it exists, `op.inplace_variant` (variant `inplace`).")
     extra_ops = sorted({r["op"] for r in records if r["t"] == "sample" and r["s"] >= EXTRA_BASE})
     if extra != "none" and extra_ops:
-        add(f"- and the sweep's own samples ({'all' if extra == 'all' else 'the CI subset'} of `tools/opsweep/extra.py`, "
-            f"numbered from {EXTRA_BASE}, in {len(extra_ops)} ops), seeded: the keywords that change a reduction "
+        add(f"- and the sweep's own samples ({'all' if extra == 'all' else 'the CI subset'} of "
+            f"`tools/opsweep/extra.py`, numbered from {EXTRA_BASE}, in {len(extra_ops)} ops), seeded: the keywords "
+            "that change a reduction "
             "(`reduction` mean/sum/none, `weight`, `pos_weight`, `ignore_index` with targets that hit it, "
             "`label_smoothing`, probability targets) on losses at batch 4 and at batch 3 (uneven shards), and the dims "
             "scatter/index ops, masked reductions (plain mask), norms (plain weight, bias, running stats) and "
             "contractions reduce over at size 4; every dim of size >= 2 of their operands is sharded in turn "
-            f"(uneven shards included), and results are compared with rtol and atol at most {EXTRA_TOLERANCE:g} (OpInfo's "
-            "float32 overrides, up to 3e-3, would hide a mean biased by a few percent). Their sample column ends with "
-            "what the sample is for, in brackets.")
+            f"(uneven shards included), and results are compared with rtol and atol at most {EXTRA_TOLERANCE:g} "
+            "(OpInfo's float32 overrides, up to 3e-3, would hide a mean biased by a few percent). Their sample column "
+            "ends with what the sample is for, in brackets.")
     add("- compared with the all-plain run: outputs and every operand after the call (in-place writes), "
         "`assert_close(equal_nan=True)` with the OpInfo's largest float32 tolerance override or rtol=1.3e-6/atol=1e-5; "
         "the two ranks' results are compared with each other too.")
@@ -195,7 +197,8 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     add(f"- **correct among cases on samples DTensor supports: {s['supported_cases_correct']}/{s['supported_cases']} = "
         f"{pct(s['supported_cases_correct'], s['supported_cases'])}**")
     add(f"- **ops DTensor supports (on >= 1 swept sample): {len(s['supported_ops'])}; every case on their supported "
-        f"samples correct: {len(s['supported_ops_correct'])} = {pct(len(s['supported_ops_correct']), len(s['supported_ops']))}**")
+        f"samples correct: {len(s['supported_ops_correct'])} = "
+        f"{pct(len(s['supported_ops_correct']), len(s['supported_ops']))}**")
     bad = [r for r in cases if r["cls"] in ("wrong", "crash")]
     blame: Dict[str, int] = {}
     for r in bad:
@@ -215,8 +218,9 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     def case_row(r: Dict[str, Any]) -> str:
         desc = samples.get((r["op"], r["kind"], r["s"]), {}).get("desc", "")
         who = attribution(r) if r["cls"] in ("wrong", "crash") else "patch: DTensor alone is correct"
-        return (f"| `{r['op']}` | {r['kind']} | {r['s']} | `{cell(desc)}` | {r['pos']} {r['shape']} | {r['placement']} | "
-                f"{cell(r['msg'])} | {cell(r.get('unpatched', ''))} | {cell(r.get('dtensor_alone', ''))} | {who} |")
+        return (f"| `{r['op']}` | {r['kind']} | {r['s']} | `{cell(desc)}` | {r['pos']} {r['shape']} | "
+                f"{r['placement']} | {cell(r['msg'])} | {cell(r.get('unpatched', ''))} | "
+                f"{cell(r.get('dtensor_alone', ''))} | {who} |")
 
     add("## Wrong and crash cases by op")
     add("")
@@ -230,8 +234,9 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
         add(f"| `{op}` | {sum(r['cls'] == 'wrong' for r in rows)} | {sum(r['cls'] == 'crash' for r in rows)} | "
             f"{cell('; '.join(whos))} |")
     add("")
-    header = ("| op | variant | sample | sample operands | DTensor operand [shape] | placement | what happened (patched) | "
-              "same call unpatched | DTensor alone (others Replicate DTensors), unpatched | fault |")
+    header = ("| op | variant | sample | sample operands | DTensor operand [shape] | placement | "
+              "what happened (patched) | same call unpatched | DTensor alone (others Replicate DTensors), unpatched | "
+              "fault |")
     for title, rows in (("Wrong (no error, values differ)", [r for r in cases if r["cls"] == "wrong"]),
                         ("Crash (unclear exception, dead or hung worker)", [r for r in cases if r["cls"] == "crash"]),
                         ("Clear errors where DTensor alone gives the right values", could)):
@@ -248,7 +253,8 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     lines.extend(extra_section(records))
     add(f"## Clear errors by op: {len(clear)} cases in {len({r['op'] for r in clear})} ops")
     add("")
-    add("| op | clear / cases | DTensor supports the sample (all Replicate) | DTensor alone, same placements | first message |")
+    add("| op | clear / cases | DTensor supports the sample (all Replicate) | DTensor alone, same placements | "
+        "first message |")
     add("|---|---|---|---|---|")
     by_op: Dict[str, List[Dict[str, Any]]] = {}
     for r in cases:
@@ -268,7 +274,8 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     add("")
     add(", ".join(f"`{op}`" for op in s["no_promotion_needed"]) or "None.")
     add("")
-    unsupported = sorted({op for (op, _, _), r in samples.items() if r.get("dtensor") == "unsupported"} - set(s["supported_ops"]))
+    unsupported = sorted({op for (op, _, _), r in samples.items() if r.get("dtensor") == "unsupported"}
+                         - set(s["supported_ops"]))
     add(f"## Ops DTensor itself does not support on any swept sample: {len(unsupported)}")
     add("")
     add(", ".join(f"`{op}`" for op in unsupported) or "None.")
@@ -281,14 +288,17 @@ def write_report(records: Sequence[Dict[str, Any]], path: str, command: str, ran
     add("## Not swept")
     add("")
     add(f"- random ops, by name ({len(random_ops)}): " + ", ".join(f"`{o}`" for o in random_ops))
-    add("- swept although the name contains such a word (deterministic): " + ", ".join(f"`{o}`" for o in sorted(NOT_RANDOM)))
-    nondet = sorted({r["op"] for r in samples.values() if r.get("reason", "").startswith(("nondeterministic", "random"))})
+    add("- swept although the name contains such a word (deterministic): "
+        + ", ".join(f"`{o}`" for o in sorted(NOT_RANDOM)))
+    nondet = sorted({r["op"] for r in samples.values()
+                     if r.get("reason", "").startswith(("nondeterministic", "random"))})
     add("- samples skipped as random (they dispatch an op tagged `nondeterministic_seeded`, or two plain runs differ): "
         + (", ".join(f"`{o}`" for o in nondet) or "none"))
     ref_failed = sorted({r["op"] for r in samples.values() if r.get("reason", "").startswith("plain reference raised")})
     add(f"- samples whose plain run raised (mostly in-place variants whose input cannot hold the broadcast result), in "
         f"{len(ref_failed)} ops: skipped")
-    skipped_ops = sorted((op, r.get("reason", "")) for op, r in op_recs.items() if r["status"] != "swept" and op not in s["ops_swept"])
+    skipped_ops = sorted((op, r.get("reason", "")) for op, r in op_recs.items()
+                         if r["status"] != "swept" and op not in s["ops_swept"])
     reasons: Dict[str, List[str]] = {}
     for op, reason in skipped_ops:
         key = re.sub(r"\d+", "N", reason) if reason.startswith("no usable sample") else reason

@@ -16,7 +16,8 @@ from .common import DEFAULT_MAX_SAMPLES, short
 from .differential import Check, capture, merge_ranks, new_record
 from .extra import EXTRA_TOLERANCE
 from .sampling import op_infos, opinfo_tolerance, pick_positions, pick_samples, placements_for, sample_dtype, seed_for
-from .values import SeededOpFinder, all_dtensor, all_replicate, call, clone_leaves, compare, mark_leaf, to_full, value_digest
+from .values import (SeededOpFinder, all_dtensor, all_replicate, call, clone_leaves, compare, mark_leaf, to_full,
+                     value_digest)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))  # frames of the sweep itself are left out of crash locations
 
@@ -51,7 +52,7 @@ def _run_case(item: Dict[str, Any], make_leaves: Any, device_mesh: Any, phase: s
     try:
         run_leaves = make_leaves()
         out = call(item["fn"], run_leaves, item["spec"])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the error is the result, classified
         cls, msg = classify_exception(exc)
         if cls == "crash":
             frames = [f for f in traceback.extract_tb(exc.__traceback__)
@@ -64,7 +65,7 @@ def _run_case(item: Dict[str, Any], make_leaves: Any, device_mesh: Any, phase: s
             problem = (compare(got[0], item["ref_out"], rtol, atol, "output")
                        or compare(got[1], item["ref_leaves"], rtol, atol, "operands after the call"))
             cls, msg = ("wrong", problem) if problem else ("correct", "")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failure reading the result is a crash case
             cls, msg, got = "crash", short(f"while reading the result: {type(exc).__name__}: {exc}"), None
     digest = value_digest(got) if got is not None else cls
     disagreement = _gather_check(device_mesh, key, f"{cls}:{digest}", got if got is not None else cls, rtol, atol)
@@ -149,7 +150,7 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
                         ref_out = call(fn, ref_leaves, spec)
                     again_leaves = clone_leaves(leaves)
                     again = call(fn, again_leaves, spec)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a sample the plain op refuses is skipped
                     records.append({"t": "sample", **base, "desc": desc, "status": "skipped",
                                     "reason": short(f"plain reference raised {type(exc).__name__}: {exc}")})
                     continue
@@ -158,7 +159,8 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
                     records.append({"t": "sample", **base, "desc": desc, "status": "skipped",
                                     "reason": short(f"random: dispatches {sorted(set(seeded.found))[0]}")})
                     continue
-                if compare(to_full(again), ref_out, rtol, atol, "out") or compare(to_full(again_leaves), ref_leaves, rtol, atol, "args"):
+                if (compare(to_full(again), ref_out, rtol, atol, "out")
+                        or compare(to_full(again_leaves), ref_leaves, rtol, atol, "args")):
                     records.append({"t": "sample", **base, "desc": desc, "status": "skipped",
                                     "reason": "nondeterministic: two plain runs differ (random op)"})
                     continue
@@ -167,9 +169,10 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
                     dt_leaves = all_replicate(leaves, device_mesh)
                     dt_out = call(fn, dt_leaves, spec)
                     dt_full, dt_leaves_full = to_full(dt_out), to_full(dt_leaves)
-                    diff = compare(dt_full, ref_out, rtol, atol, "out") or compare(dt_leaves_full, ref_leaves, rtol, atol, "args")
+                    diff = (compare(dt_full, ref_out, rtol, atol, "out")
+                            or compare(dt_leaves_full, ref_leaves, rtol, atol, "args"))
                     support, support_msg = "supported", ("values differ from plain: " + diff) if diff else ""
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - what DTensor alone refuses is the result
                     support, support_msg = "unsupported", short(f"{type(exc).__name__}: {exc}")
                 records.append({"t": "sample", **base, "desc": desc, "status": "swept", "dtensor": support,
                                 "dtensor_msg": short(support_msg)})
@@ -198,7 +201,8 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
                         pending.append({"case": case, "fn": fn, "leaves": leaves, "spec": spec, "index": position,
                                         "placement": placement, "ref_out": ref_out, "ref_leaves": ref_leaves})
         status = "swept" if swept else "skipped"
-        reason = "" if swept else ("no usable sample (" + ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())) + ")"
+        reason = "" if swept else ("no usable sample ("
+                                   + ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())) + ")"
                                    if skipped else "no usable sample")
         if not swept and picked:
             reason = "plain reference raised or was random for every usable sample"
@@ -210,7 +214,9 @@ def _sweep_ops(op_names: Sequence[str], max_samples: int, device_mesh: Any, info
     with mf.patched():
         for item in pending:
             case = item["case"]
-            run_leaves = lambda item=item: mark_leaf(item["leaves"], item["index"], item["placement"], device_mesh)
+            def run_leaves(item: Dict[str, Any] = item) -> Any:
+                return mark_leaf(item["leaves"], item["index"], item["placement"], device_mesh)
+
             cls, msg = _run_case(item, run_leaves, device_mesh, "patched")
             case["cls"], case["msg"] = cls, msg
         for check in checks:
@@ -245,9 +251,11 @@ def _merge(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
         if len(other) != len(main):
             for record in main:
                 if record["t"] == "case" and record["cls"] == "correct":
-                    record["cls"], record["msg"] = "wrong", f"rank {other_rank} returned {len(other)} records, rank 0 {len(main)}"
+                    record["cls"], record["msg"] = "wrong", (f"rank {other_rank} returned {len(other)} records, "
+                                                             f"rank 0 {len(main)}")
                 elif record["t"] == "diff" and record["cls"] == "same":
-                    record["cls"], record["msg"] = "differs", f"rank {other_rank} returned {len(other)} records, rank 0 {len(main)}"
+                    record["cls"], record["msg"] = "differs", (f"rank {other_rank} returned {len(other)} records, "
+                                                               f"rank 0 {len(main)}")
             continue
         for mine, theirs in zip(main, other):
             if mine["t"] == "diff":
@@ -271,7 +279,8 @@ def run_sweep(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES, c
     for number, chunk in enumerate(chunks, start=1):
         started = time.monotonic()
         try:
-            got = _merge(run_on_ranks(sweep_ops, chunk, max_samples, shard_dims, extra, world_size=2, timeout=chunk_timeout))
+            got = _merge(run_on_ranks(sweep_ops, chunk, max_samples, shard_dims, extra, world_size=2,
+                                      timeout=chunk_timeout))
             records.extend(got)
             log(f"chunk {number}/{len(chunks)}: {len(chunk)} ops, {sum(r['t'] == 'case' for r in got)} cases, "
                 f"{time.monotonic() - started:.0f}s")
@@ -286,7 +295,8 @@ def run_sweep(op_names: Sequence[str], max_samples: int = DEFAULT_MAX_SAMPLES, c
                 log(f"  {name}: {exc.exc_type}: {short(exc.message, 150)}")
                 tail = short(exc.remote_traceback.strip().splitlines()[-1] if exc.remote_traceback.strip() else "", 80)
                 records.append({"t": "op", "op": name, "status": "worker_failed"})
-                records.append({"t": "case", "op": name, "kind": "op", "s": -1, "pos": "-", "placement": "-", "shape": [],
-                                "unpatched_ok": False, "cls": "crash",
-                                "msg": short(f"worker failed on rank {exc.rank}: {exc.exc_type}: {exc.message} {tail}")})
+                records.append({"t": "case", "op": name, "kind": "op", "s": -1, "pos": "-", "placement": "-",
+                                "shape": [], "unpatched_ok": False, "cls": "crash",
+                                "msg": short(f"worker failed on rank {exc.rank}: {exc.exc_type}: "
+                                             f"{exc.message} {tail}")})
     return records

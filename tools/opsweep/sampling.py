@@ -76,7 +76,7 @@ def opinfo_tolerance(info: Any, dtype: Any) -> Tuple[float, float]:
                 if isinstance(decorator, toleranceOverride) and dtype in decorator.d:
                     tol = decorator.d[dtype]
                     rtol, atol = max(rtol, tol.rtol), max(atol, tol.atol)
-    except Exception:  # metadata layout changed: keep the defaults
+    except Exception:  # noqa: BLE001 - metadata layout changed: keep the defaults
         pass
     return rtol, atol
 
@@ -167,7 +167,7 @@ def pick_samples(info: Any, dtype: Any, max_samples: int, shard_dims: str = "all
         if ok:
             try:
                 pickle.dumps((leaves, spec))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any pickling error: the sample is skipped
                 ok, why = False, f"sample not picklable ({type(exc).__name__})"
         if not ok:
             skipped[why] = skipped.get(why, 0) + 1
@@ -179,11 +179,11 @@ def pick_samples(info: Any, dtype: Any, max_samples: int, shard_dims: str = "all
             if index >= SCAN_LIMIT or len(picked) >= max_samples:
                 break
             take(index, sample, shard_dims, "")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - torch's sample generator failing: the op is skipped
         return [], {}, short(f"sample_inputs raised {type(exc).__name__}: {exc}")
     try:
         for index, tag, sample in extra_samples(full_name(info), seed_for(full_name(info)), extra):
             take(index, sample, "all", tag)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the sweep's own samples failing: the op is skipped
         return [], {}, short(f"the sweep's own samples raised {type(exc).__name__}: {exc}")
     return picked, skipped, ""

@@ -77,7 +77,7 @@ def value_digest(value: Any) -> str:
             h.update(f"{tuple(t.shape)}{t.dtype}".encode())
             try:
                 h.update(t.cpu().contiguous().numpy().tobytes())
-            except Exception:  # a dtype numpy lacks: fall back to the printed values
+            except Exception:  # noqa: BLE001 - a dtype numpy lacks: fall back to the printed values
                 h.update(repr(t.tolist()).encode())
         else:
             h.update(repr(leaf).encode())

@@ -60,7 +60,8 @@ NO_OPTIONS_SEEN = FastOptions(None)
 class EngineCaches:
     """The promotion path's caches (see the module docstring)."""
 
-    __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "same_ranks", "equal_meshes", "fast_options")
+    __slots__ = ("slices", "specs", "whole_layouts", "local_readings", "op_states", "same_ranks", "equal_meshes",
+                 "fast_options")
 
     def __init__(self) -> None:
         # (global shape, mesh, placements) -> this rank's slice of a whole tensor (specs.local_slice).

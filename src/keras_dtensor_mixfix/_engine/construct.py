@@ -27,7 +27,7 @@ dtensor_new: Optional[Callable[..., DTensor]] = dtensor_fast_constructor()
 def new_dtensor(local: torch.Tensor, spec: DTensorSpec, eager: bool) -> DTensor:
     if eager and dtensor_new is not None:
         return dtensor_new(DTensor, local, spec, requires_grad=False)
-    return DTensor(local, spec, requires_grad=False)  # type: ignore[call-arg]
+    return DTensor(local, spec, requires_grad=False)
 
 
 def local_piece(plain: torch.Tensor, local_index: Optional[Tuple[slice, ...]]) -> torch.Tensor:
@@ -37,7 +37,8 @@ def local_piece(plain: torch.Tensor, local_index: Optional[Tuple[slice, ...]]) -
     return local.detach() if local.requires_grad else local
 
 
-def wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> DTensor:
+def wrap(local: torch.Tensor, mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int],
+         dtype: torch.dtype) -> DTensor:
     """``local`` as this rank's piece of a DTensor of global ``shape``/``stride``."""
     if local.requires_grad:
         # Below autograd the flag means nothing; detaching keeps DTensor from warning about it.

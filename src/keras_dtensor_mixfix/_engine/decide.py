@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._rules.decisions import ERROR, REPLICATE, Decision, MixedCall, Operand, PeerIndex, Position, as_decision, check_decision
+from .._rules.decisions import (ERROR, REPLICATE, Decision, MixedCall, Operand, PeerIndex, Position, as_decision,
+                                check_decision)
 from .._rules.errors import MixedOperandError, describe_mesh, promotion_error
 from .._rules.ops import OpTraits
 from .._rules.registry import registry

@@ -66,7 +66,7 @@ def plan(func: Any, promoted_args: Tuple[Any, ...], kwargs: Optional[Dict[str, A
     """
     try:
         return _plan(func, promoted_args, kwargs or {})
-    except Exception as exc:  # a torch whose internals differ: the re-dispatch stays correct
+    except Exception as exc:  # noqa: BLE001 - a torch whose internals differ: the re-dispatch stays correct
         log.debug("no direct plan for %s: %s: %s", func, type(exc).__name__, exc)
         return None
 

@@ -39,7 +39,8 @@ Handler = Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]
 _OP_STATES = CACHES.op_states
 
 
-def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda func, args, kwargs: NotImplemented) -> Callable[..., Any]:
+def make_dispatch_rule(handle_mixed: Handler,
+                       handle_meshes: Handler = lambda func, args, kwargs: NotImplemented) -> Callable[..., Any]:
     """The function torch calls for every dispatch of a hooked op on a DTensor.
 
     It must be cheap: it runs on every pure-DTensor call of the op too. It only looks for a
@@ -69,6 +70,7 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
         return False
 
     def dtensor_dispatch_rule(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        mesh: Any  # a DeviceMesh, or None (no DTensor met yet); a declaration only, no code
         if len(args) == 2 and not kwargs:
             # The commonest pure call (a * b), unrolled: ~30 ns less than the loop below.
             first, second = args
@@ -79,8 +81,8 @@ def make_dispatch_rule(handle_mixed: Handler, handle_meshes: Handler = lambda fu
                 return handle_meshes(func, args, kwargs)
         # _is_mixed_value unrolled for positional arguments, with the predicate (operands.needs_promotion)
         # spelled out: a call per plain argument costs ~55 ns on every pure call with a scalar tensor (``dt * 2.0``)
-        # and on every mixed one (tests/unit/engine/test_entry_rules.py holds the two spellings to one answer). The first
-        # DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
+        # and on every mixed one (tests/unit/engine/test_entry_rules.py holds the two spellings to one answer).
+        # The first DTensor's mesh is kept, to notice (by identity: cheap) a DTensor on another one.
         mesh = None
         other_mesh = False
         for value in args:
@@ -131,7 +133,8 @@ def make_write_rule(base_rule: Callable[..., Any], handle_mixed: Handler) -> Cal
 
     Tensor = torch.Tensor
 
-    def dtensor_dispatch_rule_writes(cls: Any, func: Any, types: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    def dtensor_dispatch_rule_writes(cls: Any, func: Any, types: Any, args: Tuple[Any, ...],
+                                     kwargs: Dict[str, Any]) -> Any:
         if len(args) == 2 and not kwargs:
             # The commonest pure call (dt.copy_(other), dt.add_(other)), unrolled: ~30 ns less.
             first, second = args

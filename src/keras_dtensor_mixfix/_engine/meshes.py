@@ -68,7 +68,8 @@ def op_mesh(dtensors: List[DTensor]) -> Any:
     return dtensors[0].device_mesh
 
 
-def as_plain_on_one_mesh(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
+def as_plain_on_one_mesh(args: Tuple[Any, ...],
+                         kwargs: Dict[str, Any]) -> Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
     """The call with every DTensor operand that is not on the op's mesh replaced by its whole value, or None
     when the DTensors sit on one mesh or one of them cannot be replaced (sharded, or other ranks)."""
     dtensors = dtensors_in(args, kwargs)

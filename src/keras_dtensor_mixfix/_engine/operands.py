@@ -57,7 +57,8 @@ def build_call(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], operand
             meshes.append(mesh)
     # torch accepts one-element plain operands itself, except as the tensor an op writes into
     plain = tuple(o for o in operands if o.is_plain and (o.written or needs_promotion(o.tensor)))
-    return MixedCall(func, args, kwargs, tuple(operands), plain, peers, meshes[0] if len(meshes) == 1 else None, tuple(meshes))  # type: ignore[arg-type]
+    return MixedCall(func, args, kwargs, tuple(operands), plain, peers,  # type: ignore[arg-type]
+                     meshes[0] if len(meshes) == 1 else None, tuple(meshes))
 
 
 def no_tensors(kwargs: Dict[str, Any]) -> bool:

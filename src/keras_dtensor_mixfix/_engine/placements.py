@@ -8,7 +8,7 @@ checked here, with the errors that say why it cannot be; construct.py then build
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -28,7 +28,7 @@ _LOCAL_READINGS = CACHES.local_readings
 def shard_dim(placement: Placement, ndim: int) -> Optional[int]:
     # Only plain Shard: _StridedShard and other subclasses carry layouts we do not reproduce.
     if is_exactly(placement, Shard):
-        dim = placement.dim
+        dim = cast(Shard, placement).dim
         return dim + ndim if dim < 0 else dim
     return None
 
@@ -45,7 +45,8 @@ def aligned_placements(plain: torch.Tensor, peer: DTensor) -> Tuple[Placement, .
     for placement in peer.placements:
         dim = shard_dim(placement, peer.ndim)
         plain_dim = None if dim is None else dim - offset
-        if plain_dim is not None and 0 <= plain_dim < plain.ndim and plain.shape[plain_dim] == peer.shape[dim]:
+        if (dim is not None and plain_dim is not None and 0 <= plain_dim < plain.ndim
+                and plain.shape[plain_dim] == peer.shape[dim]):
             result.append(Shard(plain_dim))
         else:
             result.append(Replicate())
@@ -113,7 +114,8 @@ def mapped_local_placements(plain: torch.Tensor, peer: DTensor) -> Tuple[Placeme
     return tuple(result)
 
 
-def infer_global_shape(operand: Operand, peer: DTensor, placements: Tuple[Placement, ...], traits: OpTraits, explicit: bool, mesh: Any) -> Tuple[int, ...]:
+def infer_global_shape(operand: Operand, peer: DTensor, placements: Tuple[Placement, ...], traits: OpTraits,
+                       explicit: bool, mesh: Any) -> Tuple[int, ...]:
     plain = operand.tensor
     shape = list(plain.shape)
     offset = peer.ndim - plain.ndim
@@ -142,7 +144,8 @@ def infer_global_shape(operand: Operand, peer: DTensor, placements: Tuple[Placem
                 f"{tuple(peer._local_tensor.shape)[peer_dim] if 0 <= peer_dim < peer.ndim else '?'}, so the global "
                 "shape cannot be inferred",
                 operand_label=operand.label, operand=plain, peers=[peer],
-                advice="Give the global shape with a callable rule returning Decision('local', placements=..., shape=...).",
+                advice="Give the global shape with a callable rule returning "
+                       "Decision('local', placements=..., shape=...).",
             )
     return tuple(shape)
 
@@ -175,7 +178,8 @@ def whole_layout(operand: Operand, peer: DTensor, traits: OpTraits) -> WholeLayo
             raise AssertionError("a whole layout asked for on a rank-symbolic mesh coordinate")
         if all(piece.start == 0 and piece.stop == size for piece, size in zip(local_index, shape)):
             local_index = None  # this rank's piece is all of it (e.g. a mesh dim of size 1)
-    return WholeLayout(placements, local_index, make_spec(mesh, placements, shape, plain.stride(), plain.dtype, cache=True))
+    return WholeLayout(placements, local_index,
+                       make_spec(mesh, placements, shape, plain.stride(), plain.dtype, cache=True))
 
 
 EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -211,7 +215,8 @@ def cached_whole_layout(plain: torch.Tensor, peer: DTensor, traits: OpTraits, po
     return layout
 
 
-def whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[Placement, ...]:
+def whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits,
+                     decision: Decision) -> Tuple[Placement, ...]:
     """The placements of a ``"replicate"`` operand: the decision's, Replicate for a written one, else lined up."""
     plain = operand.tensor
     if decision.placements is not None:
@@ -231,7 +236,8 @@ def whole_placements(operand: Operand, peer: DTensor, mesh: Any, traits: OpTrait
     return placements
 
 
-def local_layout(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, decision: Decision) -> Tuple[Tuple[Placement, ...], Tuple[int, ...]]:
+def local_layout(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits,
+                 decision: Decision) -> Tuple[Tuple[Placement, ...], Tuple[int, ...]]:
     """The placements and global shape of a ``"local"`` operand (this rank's piece)."""
     plain = operand.tensor
     memo = _LOCAL_READINGS.get(plain)
@@ -252,7 +258,8 @@ def local_layout(operand: Operand, peer: DTensor, mesh: Any, traits: OpTraits, d
     if decision.shape is not None:
         shape = tuple(int(s) for s in decision.shape)
     else:
-        shape = infer_global_shape(operand, peer, placements, traits, explicit=decision.placements is not None, mesh=mesh)
+        shape = infer_global_shape(operand, peer, placements, traits, explicit=decision.placements is not None,
+                                   mesh=mesh)
     if shape != tuple(plain.shape) and plain.requires_grad and torch.is_grad_enabled() and not is_traced(plain):
         # Autograd recorded this operand with its local shape and checks the gradient against it
         # before any hook can run, so a gradient for a local piece cannot be delivered from here.

@@ -96,4 +96,4 @@ def wrap_result(out: torch.Tensor, spec: DTensorSpec) -> DTensor:
     """A local result wrapped the way DTensor wraps one (``requires_grad`` from the result)."""
     if dtensor_new is not None:
         return dtensor_new(DTensor, out, spec, requires_grad=out.requires_grad)
-    return DTensor(out, spec, requires_grad=out.requires_grad)  # type: ignore[call-arg]
+    return DTensor(out, spec, requires_grad=out.requires_grad)

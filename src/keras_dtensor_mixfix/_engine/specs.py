@@ -63,8 +63,8 @@ def stride_in_order_of(local: torch.Tensor, shape: Sequence[int]) -> Tuple[int, 
     return tuple(strides)
 
 
-def make_spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
-              cache: bool = False) -> DTensorSpec:
+def make_spec(mesh: Any, placements: Tuple[Placement, ...], shape: Sequence[int], stride: Sequence[int],
+              dtype: torch.dtype, cache: bool = False) -> DTensorSpec:
     """A spec; with ``cache`` (eager only: concrete sizes) an equal spec built before is reused."""
     if not cache or not all(type(p) in SHAREABLE_PLACEMENTS for p in placements):
         return DTensorSpec(mesh, placements, tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))

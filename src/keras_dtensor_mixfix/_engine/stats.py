@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Set, Tuple
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
 _counts: Dict[Tuple[str, str], int] = {}  # a plain dict: cheaper to update than a Counter
-_seen_ops: set = set()
+_seen_ops: Set[str] = set()
 _lock = threading.Lock()
 
 

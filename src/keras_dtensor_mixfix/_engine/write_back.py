@@ -7,7 +7,7 @@ derivative), and communicates only where DTensor's redistribution of the value t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Tuple, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -34,7 +34,7 @@ def write_into(row: Any, value: Any) -> None:
     if not isinstance(value, DTensor):
         value = DTensor.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
     local = value.redistribute(mesh, held)._local_tensor
-    coordinate = mesh.get_coordinate()
+    coordinate = cast(Tuple[int, ...], mesh.get_coordinate())  # this rank holds a piece of row: it is in the mesh
     for dim, placement in enumerate(placements):
         if isinstance(placement, Partial) and placement.reduce_op == "sum" and coordinate[dim] != 0:
             local = torch.zeros_like(local)

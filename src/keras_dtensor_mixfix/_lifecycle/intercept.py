@@ -27,8 +27,6 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-import torch
-
 from .._engine import context
 from .._engine.entry import Handler, make_dispatch_rule, make_write_rule, on_other_meshes, torch_first
 from .._engine.release_refusals import release_rules
@@ -67,7 +65,8 @@ def candidate_qualnames() -> List[str]:
         if has_two_tensor_inputs(schema, arguments):
             found.append(qualname)
             first = arguments[0] if arguments else None
-            if first is not None and not first.kwarg_only and first.alias_info is not None and first.alias_info.is_write:
+            if (first is not None and not first.kwarg_only and first.alias_info is not None
+                    and first.alias_info.is_write):
                 _writing_ops.add(qualname)
     _op_names_cache[:] = [names, found]
     return found

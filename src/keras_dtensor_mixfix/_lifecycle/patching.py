@@ -160,8 +160,8 @@ def patch(
     """Start promoting plain operands that meet DTensors.
 
     Options (keyword only; each also settable by an environment variable
-    ``KERAS_DTENSOR_MIXFIX_<OPTION>``, see docs/rules.md "Auto-activation and configuration"; one not given keeps the environment's value,
-    or the default):
+    ``KERAS_DTENSOR_MIXFIX_<OPTION>``, see docs/rules.md "Auto-activation and configuration"; one not given keeps
+    the environment's value, or the default):
 
     - ``default``: rule for ops without a registration: ``"replicate"`` (default), ``"local"``,
       ``"error"`` or a callable taking a :class:`MixedCall`.

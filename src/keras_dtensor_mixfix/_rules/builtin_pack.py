@@ -181,12 +181,6 @@ KNOWN_WRONG_IN_DTENSOR = {
         "otherwise it fails with a shape error or writes a wrong result",
         "Call the out-of-place scatter_add (x = x.scatter_add(dim, index, src)), which DTensor computes right "
         "here, or redistribute x to Replicate first."),
-    "aten::scatter_add": (
-        _scatter_src_misaligned,
-        "DTensor's scatter_add whose src is larger than the index along a dim the tensor is split on "
-        "scatters the wrong src rows",
-        "Narrow src to the index's shape first (scatter_add reads no more of it: "
-        "src[tuple(slice(0, n) for n in index.shape)]), or " + _REDISTRIBUTE),
     "aten::index_add_": (
         _index_along_split_dim,
         "DTensor's index_add_ into a tensor split along the indexed dim writes a local-shaped or wrong result",
@@ -211,8 +205,16 @@ KNOWN_WRONG_ON_RELEASES_WITH = {
         "Upgrade to torch 2.12 or later; or split the input along its batch (dim 0) on the first mesh dim and "
         "replicate it on the others (x.redistribute(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1))); or run "
         "the convolution on plain tensors (x.full_tensor(), weight.full_tensor())."),
+    "aten::scatter_add": (
+        "scatter_add_src_misaligned",
+        _scatter_src_misaligned,
+        "DTensor's scatter_add whose src is larger than the index along a dim the tensor is split on "
+        "scatters the wrong src rows",
+        "Narrow src to the index's shape first (scatter_add reads no more of it: "
+        "src[tuple(slice(0, n) for n in index.shape)]), or " + _REDISTRIBUTE),
 }
-"""Calls DTensor computes wrongly on some releases only: refused there (``refuse_known_wrong``)."""
+"""Calls DTensor computes wrongly, each shown by a repro of the upstream-defect table: refused on the releases that
+have the defect (``refuse_known_wrong``)."""
 
 
 def refuse_known_wrong(call: MixedCall) -> Optional[str]:

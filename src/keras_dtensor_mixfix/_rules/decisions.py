@@ -268,7 +268,7 @@ def validate_rule(rule: object, where: str) -> Rule:
     if isinstance(rule, Decision):
         return rule  # type: ignore[return-value]
     if callable(rule):
-        return rule  # type: ignore[return-value]
+        return rule
     raise ArgumentTypeError(
         f"{where}: a rule must be 'replicate', 'local', 'error', a Decision, or a callable taking a MixedCall; "
         f"got {type(rule).__name__}: {rule!r}"

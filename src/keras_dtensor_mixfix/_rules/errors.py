@@ -151,7 +151,7 @@ def describe_mesh(mesh: object) -> str:
         device = mesh.device_type  # type: ignore[attr-defined]
         named = f", dims {tuple(names)}" if names else ""
         return f"DeviceMesh({device!r}, {ids}{named})"
-    except Exception:  # a mesh we cannot introspect still gets a description
+    except Exception:  # noqa: BLE001 - a mesh we cannot introspect still gets a description
         return repr(mesh)
 
 

@@ -75,9 +75,9 @@ def resolve_op(op: OpLike) -> OpOverload | OpOverloadPacket:
     try:
         return getattr(packet, overload)
     except (AttributeError, RuntimeError) as exc:
-        known = ", ".join(sorted(packet.overloads()))
+        overloads = ", ".join(sorted(packet.overloads()))
         raise UnknownOperatorError(
-            f"operator {op!r}: '{namespace}::{name}' has no overload {overload!r} (known overloads: {known})"
+            f"operator {op!r}: '{namespace}::{name}' has no overload {overload!r} (known overloads: {overloads})"
         ) from exc
 
 
@@ -190,4 +190,5 @@ class OpTraits:
         self.row_wise = row_wise
 
     def __repr__(self) -> str:
-        return f"OpTraits({self.name}, elementwise={self.elementwise}, foreach={self.foreach}, written={set(self.written)})"
+        return (f"OpTraits({self.name}, elementwise={self.elementwise}, foreach={self.foreach}, "
+                f"written={set(self.written)})")

@@ -109,7 +109,7 @@ def _load_and_run() -> None:
         try:
             plugin = entry_point.load()
             manager.register(plugin, name=entry_point.name)
-        except Exception as exc:  # one bad pack never stops the rest
+        except Exception as exc:  # noqa: BLE001 - one bad pack never stops the rest
             record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
             log.warning("keras_dtensor_mixfix: rule pack %r failed to load and is skipped: %s", entry_point.name,
                         record.error)
@@ -136,7 +136,7 @@ def _run_pack(manager: Any, record: PackRecord) -> None:
     try:
         for impl in impls:
             impl.function(register=register)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a pack that raises is skipped, the others still run
         for handle in record.rules:  # a pack that raised leaves nothing half-registered
             handle.remove()
         record.rules.clear()

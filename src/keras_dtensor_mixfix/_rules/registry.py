@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
-from .._torch.operators import OpOverload
+from .._torch.operators import OpOverload, OpOverloadPacket
 from .decisions import Rule, validate_rule
 from .errors import UnknownOperatorError
 from .ops import OpLike, op_key, packet_name, pending_key, resolve_op
@@ -95,7 +95,7 @@ class RuleRegistry:
         resolved: Optional[object]
         try:
             resolved = resolve_op(op)
-            key = op_key(resolved)  # type: ignore[arg-type]
+            key = op_key(resolved)
         except UnknownOperatorError:
             held = pending_key(op)
             if held is None:
@@ -130,7 +130,7 @@ class RuleRegistry:
         """
         if not self._pending and not self._unannounced:
             return []
-        resolved: List[tuple] = []
+        resolved: List[Tuple[RuleHandle, OpOverload | OpOverloadPacket]] = []
         with self._lock:
             for handle in self._unannounced:
                 resolved.append((handle, resolve_op(handle.op)))
@@ -210,7 +210,7 @@ class RuleRegistry:
                         self._unannounced.append(entry)
                     break
             self._cache[func] = found
-        return found  # type: ignore[return-value]
+        return found
 
     def entries(self) -> List[RuleHandle]:
         """Snapshot of the registrations, oldest first."""

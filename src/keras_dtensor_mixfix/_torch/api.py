@@ -17,7 +17,7 @@ import logging
 import pickle
 import sys
 import threading
-from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Protocol, Tuple
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -45,7 +45,7 @@ from torch.distributed.tensor._redistribute import redistribute_local_tensor  # 
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
 
 try:  # the placement of a vocabulary-sharded embedding lookup's result; private, in placement_types on 2.13-2.15
-    from torch.distributed.tensor.placement_types import _MaskPartial  # noqa: E402
+    from torch.distributed.tensor.placement_types import _MaskPartial
 except ImportError:  # pragma: no cover - a torch without it has no masked partial results to settle
     _MaskPartial = ()  # type: ignore[assignment,misc]
 
@@ -124,8 +124,10 @@ def local_output_spec(func: Any, args: Any, kwargs: Any) -> Optional[LocalOutput
         return None
     dispatcher.sharding_propagator.propagate(op_info)
     sharding = op_info.output_sharding
+    if sharding is None:  # propagate() sets it: a torch where it did not has no plan to read
+        return None
     spec = sharding.output_spec
-    specs = spec if type(spec) in (list, tuple) else (spec,)
+    specs: Sequence[Any] = spec if type(spec) in (list, tuple) else (spec,)
     meta_known = all(s.tensor_meta is not None for s in specs if isinstance(s, DTensorSpec))
     return LocalOutput(not sharding.needs_redistribute, spec, meta_known)
 
@@ -303,7 +305,8 @@ def cache_key_tagged(tag: str) -> Any:
     import torch.compiler.config as compiler_config
 
     base = compiler_config.cache_key_tag
-    return compiler_config.patch(cache_key_tag=f"{base}|{tag}" if base else tag)
+    # patch(): added to the module by torch's install_config_module, unseen by type checkers
+    return compiler_config.patch(cache_key_tag=f"{base}|{tag}" if base else tag)  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -328,7 +331,7 @@ def device_meshes_keyed_by_groups() -> Iterator[None]:
                 original(self, *args, **kwargs)
                 self.dispatch_table[_device_mesh_class()] = _reduce_device_mesh
 
-            FxGraphCachePickler.__init__ = __init__
+            FxGraphCachePickler.__init__ = __init__  # type: ignore[method-assign]  # patched for the duration
             _mesh_keys.original, _mesh_keys.wrapper = original, __init__
         _mesh_keys.users += 1
     try:
@@ -338,7 +341,7 @@ def device_meshes_keyed_by_groups() -> Iterator[None]:
             _mesh_keys.users -= 1
             if not _mesh_keys.users:
                 if FxGraphCachePickler.__dict__["__init__"] is _mesh_keys.wrapper:
-                    FxGraphCachePickler.__init__ = _mesh_keys.original
+                    FxGraphCachePickler.__init__ = _mesh_keys.original  # type: ignore[method-assign]  # restored
                 else:  # replaced on top of ours meanwhile: left as it is (undoing ours would undo theirs)
                     log.warning("FxGraphCachePickler.__init__ was replaced while keras_dtensor_mixfix had patched it; "
                                 "left as it is")

@@ -154,7 +154,8 @@ def test_fast_options_say_when_the_fast_paths_may_run():
     assert (default.replicate_default, default.allowed, default.direct, default.plain_grads) == (True, True, True, True)
     assert not FastOptions(Options(check="warn")).allowed  # a check adds per-operand work
     assert not FastOptions(Options(default="local")).replicate_default
-    assert not FastOptions(Options(default=lambda call: "replicate")).replicate_default  # a callable may answer anything
+    # a callable may answer anything
+    assert not FastOptions(Options(default=lambda call: "replicate")).replicate_default
     assert not FastOptions(Options(direct=False)).direct
     assert not FastOptions(Options(plain_grads=False)).plain_grads
 

@@ -56,7 +56,8 @@ def test_the_rule_acts_where_the_predicate_says(name):
         "a keyword argument": ((1,), {"other": value}),
         "in a keyword list": ((1,), {"others": [1, value]}),
     }
-    assert {place: _acts(args, kwargs) for place, (args, kwargs) in where.items()} == {place: expected for place in where}
+    assert ({place: _acts(args, kwargs) for place, (args, kwargs) in where.items()}
+            == {place: expected for place in where})
 
 
 def test_the_write_rule_also_acts_on_a_written_plain_one_element_tensor():

@@ -41,7 +41,8 @@ def _peer(shape, placements, mesh, local_shape=None):
     """A stand-in DTensor: global ``shape``, ``placements`` on ``mesh``, a local piece of ``local_shape``."""
     local = torch.empty(local_shape if local_shape is not None else shape)
     return types.SimpleNamespace(shape=torch.Size(shape), ndim=len(shape), placements=tuple(placements),
-                                 dtype=local.dtype, device=local.device, device_mesh=mesh, _local_tensor=local, _spec=types.SimpleNamespace(mesh=mesh))
+                                 dtype=local.dtype, device=local.device, device_mesh=mesh, _local_tensor=local,
+                                 _spec=types.SimpleNamespace(mesh=mesh))
 
 
 def _operand(tensor, written=False):

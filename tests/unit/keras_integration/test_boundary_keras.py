@@ -1,5 +1,6 @@
-"""The Keras boundary: only ``_keras/boundary/keras_modules.py`` and ``_keras/boundary/keras_private.py`` name ``keras.src`` or touch a
-private attribute of a Keras object, each name is exercised by the Keras self-check, and nothing imports Keras early."""
+"""The Keras boundary: only ``_keras/boundary/keras_modules.py`` and ``_keras/boundary/keras_private.py`` name
+``keras.src`` or touch a private attribute of a Keras object, each name is exercised by the Keras self-check, and
+nothing imports Keras early."""
 
 from __future__ import annotations
 
@@ -85,9 +86,9 @@ def test_every_boundary_name_resolves_on_the_installed_keras():
 
 EXEMPT = {
     "_keras/step/forked_train_step.py": (
-        "the compiled train step (_compiled_train_step, _start_step, _detach_kept_losses) is a copy of Keras 3.12-3.15's "
-        "own torch train step, kept line for line comparable with it and traced by TorchDynamo; the names it reads are "
-        "checked per release by the self-check's trainer_steps and compiled_step_state",
+        "the compiled train step (_compiled_train_step, _start_step, _detach_kept_losses) is a copy of Keras "
+        "3.12-3.15's own torch train step, kept line for line comparable with it and traced by TorchDynamo; the "
+        "names it reads are checked per release by the self-check's trainer_steps and compiled_step_state",
         frozenset({"trainer._clear_losses", "trainer._flatten_layers", "layer._losses",
                    "trainer._call_has_training_arg", "trainer._compute_loss", "trainer._loss_tracker"})),
     "_keras/gate/checks.py": (
@@ -161,7 +162,8 @@ def test_private_keras_attributes_are_reached_through_the_boundary_only():
                   for module, sites in found.items()}
     unexempted = {module: sites for module, sites in unexempted.items() if sites}
     assert not unexempted, ("reach these private attributes of Keras objects through an accessor or name of "
-                            f"_keras/boundary/keras_private.py, exercised by a check of _keras/gate/checks.py: {unexempted}")
+                            "_keras/boundary/keras_private.py, exercised by a check of _keras/gate/checks.py: "
+                            f"{unexempted}")
     stale = {module: sorted(expressions - {site.split(": ", 1)[1] for site in found.get(module, [])})
              for module, (_, expressions) in EXEMPT.items()}
     stale = {module: expressions for module, expressions in stale.items() if expressions}

@@ -55,4 +55,4 @@ def test_an_array_proxy_reads_only_when_used_as_an_array():
     assert proxy.sum() == 15.0 and proxy[1, 2] == 5.0 and proxy.reads == 6
     assert float(_Counted(np.array(2.5))) == 2.5 and int(_Counted(np.array(3))) == 3
     with pytest.raises(AttributeError):
-        proxy._missing  # noqa: B018  # private names are not forwarded (copy and pickle probe them)
+        proxy._missing  # private names are not forwarded (copy and pickle probe them)

@@ -50,8 +50,8 @@ def _report(monkeypatch, ok: bool) -> list:
 @pytest.mark.parametrize("version, kind", [
     ("3.12.4", keras_gate.SUPPORTED), ("3.13.2", keras_gate.SUPPORTED), ("3.14.1", keras_gate.SUPPORTED),
     ("3.15.1", keras_gate.SUPPORTED), ("3.16.0.dev2026102704", keras_gate.SUPPORTED), ("3.11.3", keras_gate.OLDER),
-    ("3.0.5", keras_gate.OLDER), ("2.15.0", keras_gate.OLDER), ("3.17.0", keras_gate.NEWER), ("4.0.0", keras_gate.NEWER),
-    ("nightly", keras_gate.UNREADABLE)])
+    ("3.0.5", keras_gate.OLDER), ("2.15.0", keras_gate.OLDER), ("3.17.0", keras_gate.NEWER),
+    ("4.0.0", keras_gate.NEWER), ("nightly", keras_gate.UNREADABLE)])
 def test_each_release_is_classified(version, kind):
     assert keras_gate.classify(version) == kind
 

@@ -259,7 +259,8 @@ def test_registrations_for_other_classes_pass_through_while_patched():
     lib = torch.library.Library("aten", "FRAGMENT")
     mf.patch()
     try:
-        torch.library.register_torch_dispatch("aten::dist", Mode, lambda mode, func, types, args, kwargs: torch.tensor(7.0), lib=lib)
+        torch.library.register_torch_dispatch("aten::dist", Mode,
+                                              lambda mode, func, types, args, kwargs: torch.tensor(7.0), lib=lib)
         with Mode():
             assert torch.dist(torch.ones(2), torch.zeros(2)) == 7
         assert mf._lifecycle.patching.interceptor().owns("aten::dist") is True
@@ -305,7 +306,7 @@ def test_patch_state_is_thread_safe_under_concurrent_toggling():
             for _ in range(n):
                 mf.patch()
                 mf.unpatch()
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # pragma: no cover  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=toggle, args=(15,)) for _ in range(4)]
@@ -360,8 +361,10 @@ def test_every_exception_users_see_is_exported_and_submodules_are_attributes_wit
     code = (
         "import sys, keras_dtensor_mixfix as mf\n"
         "names = dir(mf)\n"
-        "print('helpers', sorted({'Any', 'importlib', 'TYPE_CHECKING', '_importlib', '_typing', '_EXPORTS'} & set(names)))\n"
-        "print('public', all(n in names for n in mf.__all__), sorted({'testing', 'keras_integration', 'hookspecs'} & set(names)))\n"
+        "print('helpers', sorted({'Any', 'importlib', 'TYPE_CHECKING', '_importlib', '_typing', '_EXPORTS'}"
+        " & set(names)))\n"
+        "print('public', all(n in names for n in mf.__all__),"
+        " sorted({'testing', 'keras_integration', 'hookspecs'} & set(names)))\n"
         "print('exceptions', mf.testing.RankError.__module__, mf.ReplicationCheckError.__mro__[1].__name__,"
         " mf.ReplicationCheckWarning.__mro__[1].__name__)\n"
         "print('submodules', mf.testing.run_on_ranks.__module__, mf.keras_integration.install.__module__,"
@@ -378,7 +381,7 @@ def test_every_exception_users_see_is_exported_and_submodules_are_attributes_wit
     assert "torch False False" in out
     assert "star []" in out
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
-        mf.nope  # noqa: B018
+        mf.nope
 
 
 def test_state_listeners_hear_each_change_once_in_the_changing_thread():

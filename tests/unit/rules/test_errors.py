@@ -80,7 +80,7 @@ def test_rank_error_lives_in_testing_and_the_root_name_warns_for_one_release():
     with pytest.warns(DeprecationWarning):
         from keras_dtensor_mixfix import RankError  # noqa: F401  - the from-import form warns too
     with pytest.warns(DeprecationWarning):
-        mf.RankError  # noqa: B018  - every use warns, not only the first
+        mf.RankError  # every use warns, not only the first
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from keras_dtensor_mixfix.testing import RankError as new_home  # the new home is silent

@@ -11,7 +11,6 @@ import inspect
 import logging
 
 import pytest
-import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
@@ -28,7 +27,8 @@ RANGE = versions.supported_range()
 def _dtensor_rules() -> dict:
     from torch._library import simple_registry
 
-    return {qualname: entry.torch_dispatch_rules.find(DTensor) for qualname, entry in simple_registry.singleton._data.items()
+    return {qualname: entry.torch_dispatch_rules.find(DTensor)
+            for qualname, entry in simple_registry.singleton._data.items()
             if entry.torch_dispatch_rules.find(DTensor) is not None}
 
 

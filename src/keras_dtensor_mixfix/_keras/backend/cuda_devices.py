@@ -83,7 +83,7 @@ class Placement(NamedTuple):
 
     host: int
     gpu: int
-    index: int
+    index: int  # type: ignore[assignment]  # a field named like tuple.index, on purpose: it is the CUDA index
     rank_on_host: int
 
 
@@ -121,12 +121,13 @@ def duplicate_error(shared: Dict[Placement, List[int]], placements: Sequence[Pla
         where = f"host {host}" if placement.host == mine.host else "one host"
         device = f"cuda:{placement.index} on {where}"
         by_device[device] = ranks
-        rank_words = ", ".join(f"{r} (LOCAL_RANK {placements[r].rank_on_host if placements[r].rank_on_host >= 0 else 'unset'})"
+        rank_words = ", ".join(f"{r} (LOCAL_RANK "
+                               f"{placements[r].rank_on_host if placements[r].rank_on_host >= 0 else 'unset'})"
                                for r in ranks)
         lines.append(f"  ranks {rank_words} all compute on {device}")
     return DeviceAssignmentError(
         "keras_dtensor_mixfix: two ranks of one host share one CUDA device, which NCCL refuses ('Duplicate GPU "
-        f"detected'):\n" + "\n".join(lines) + f"\n  what to do: {WHAT_TO_DO}.", by_device)
+        "detected'):\n" + "\n".join(lines) + f"\n  what to do: {WHAT_TO_DO}.", by_device)
 
 
 def _is_nccl_duplicate(exc: BaseException) -> bool:
@@ -165,7 +166,7 @@ def check_one_rank_per_device(group: Any = None) -> None:
     received = torch.empty(size * len(mine), dtype=torch.int64, device=device)
     try:
         dist.all_gather_into_tensor(received, sent, group=group)
-    except Exception as exc:  # noqa: BLE001 - only NCCL's duplicate-GPU error is ours to explain
+    except Exception as exc:  # only NCCL's duplicate-GPU error is ours to explain
         if not _is_nccl_duplicate(exc):
             raise
         me = dist.get_rank(group)

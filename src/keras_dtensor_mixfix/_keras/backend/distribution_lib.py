@@ -112,8 +112,8 @@ def initialize(job_addresses: Optional[str] = None, num_processes: Optional[int]
         if job_addresses:
             coordinator = job_addresses.split(",")[0].strip()
             dist.init_process_group(backend, init_method=f"tcp://{coordinator}",
-                                    world_size=num_processes,  # type: ignore[arg-type]  # as given: torch checks
-                                    rank=process_id,  # type: ignore[arg-type]  # as given: torch checks a None
+                                    world_size=num_processes,  # type: ignore[arg-type]  # as given; torch rejects None
+                                    rank=process_id,  # type: ignore[arg-type]  # as given; torch rejects None
                                     timeout=timeout)
         else:
             store = _attempt_store(timeout)

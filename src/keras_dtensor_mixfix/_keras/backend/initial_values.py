@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 from ..._lifecycle.thread_switch import ThreadSwitch
 from ..boundary import keras_modules
@@ -57,7 +57,7 @@ def drawn_piece(initializer: Any, shape: Sequence[int], dtype: Any, box: Sequenc
 
     core = keras_modules.core()
     shape = tuple(int(size) for size in shape)
-    calls = []
+    calls: List[str] = []
 
     def answering(kind: str) -> Any:
         def draw(*args: Any, **kwargs: Any) -> Any:

@@ -1,13 +1,14 @@
 """Keras layouts as DTensor layouts: a mesh and one placement per mesh dim, and moving tensors to them.
 
 What the torch ``distribution_lib`` (:mod:`.distribution_lib`) builds from a Keras ``TensorLayout``,
-and what the integration's ops (:mod:`.local_pieces`) use to put a tensor where a layout says. Only torch is imported here, never Keras.
+and what the integration's ops (:mod:`.local_pieces`) use to put a tensor where a layout says. Only torch is
+imported here, never Keras.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -46,12 +47,12 @@ def placements_for(axes: Sequence[Optional[str]], mesh_axis_names: Sequence[str]
     if unknown:
         raise InvalidArgumentError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} name {unknown}, which the mesh "
                          f"{tuple(mesh_axis_names)} does not have")
-    placements = []
+    placements: List[Any] = []
     for name in mesh_axis_names:
         dims = [dim for dim, axis in enumerate(axes) if axis == name]
         if len(dims) > 1:
-            raise InvalidArgumentError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} for tensor "
-                             f"dims {dims}; a mesh axis can shard one tensor dim")
+            raise InvalidArgumentError(f"keras_dtensor_mixfix: layout axes {tuple(axes)} use mesh axis {name!r} "
+                                       f"for tensor dims {dims}; a mesh axis can shard one tensor dim")
         trivial = mesh_shape is not None and mesh_shape[len(placements)] == 1
         placements.append(Shard(dims[0]) if dims and not trivial else Replicate())
     return tuple(placements)

@@ -5,5 +5,6 @@
 - :mod:`.keras_private`: the one module that touches private attributes of Keras objects (a Variable's
   ``_value``, a layer's ``_losses``, the private methods the overrides replace);
 - :mod:`.overrides`: the ``Override`` declaration and its order;
-- :mod:`.patches`: rebinding a Keras function in every Keras module that imported it by name.
+- :mod:`.patches`: rebinding a Keras function in every Keras module that imported it by name;
+- :mod:`.defects`: whether the running torch or Keras has a defect of the upstream table, which each workaround asks.
 """

@@ -27,7 +27,8 @@ __all__ = [
     "set_variable_shape", "variable_dtype", "validated_shape", "convert_for_variable",
     "sublayers", "layer_tree", "CHANGED_BY_A_CALL", "python_state",
     "python_state_changes", "traceback_excluded_paths", "rms_normalization_function", "ddp_initializer",
-    "dtensor_promotion_mode", "TRACEBACK_EXCLUDED_PATHS", "LAYOUT_MAP", "layout_map_of", "IS_MULTI_PROCESS", "is_multi_process",
+    "dtensor_promotion_mode", "TRACEBACK_EXCLUDED_PATHS", "LAYOUT_MAP", "layout_map_of", "IS_MULTI_PROCESS",
+    "is_multi_process",
     "h5_entry_group", "open_h5_entry_group",
 ]
 
@@ -56,7 +57,8 @@ def variable_storage(variable: Any) -> Any:
 
 
 def set_variable_storage(variable: Any, tensor: Any) -> None:
-    """Make a torch-backend Keras ``Variable`` hold ``tensor`` (its ``_value``), as it holds the one it was made with."""
+    """Make a torch-backend Keras ``Variable`` hold ``tensor`` (its ``_value``), as it holds the one it was made
+    with."""
     variable._value = tensor
 
 

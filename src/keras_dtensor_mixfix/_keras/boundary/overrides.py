@@ -79,7 +79,8 @@ def in_order(overrides: Sequence[Override]) -> List[Override]:
     """``overrides`` ordered so that each comes after those it names in ``after``; otherwise as declared.
 
     Raises:
-        InvalidArgumentError: two overrides share a name, one names an unknown override, or the ``after`` lists form a cycle.
+        InvalidArgumentError: two overrides share a name, one names an unknown override, or the ``after`` lists
+            form a cycle.
     """
     by_name: Dict[str, Override] = {}
     for override in overrides:

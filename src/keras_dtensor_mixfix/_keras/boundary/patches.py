@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 
@@ -17,7 +17,7 @@ def rebind_everywhere(patches: PatchRecorder, original: Any, replacement: Any) -
     """Replace a Keras function in every ``keras.*`` module that holds it by name (``from x import f``)."""
     for name, module in list(sys.modules.items()):
         if (name == "keras" or name.startswith("keras.")) and getattr(module, original.__name__, None) is original:
-            patches.set(module, original.__name__, replacement)
+            patches.set(module, cast(Any, original).__name__, replacement)  # cast: `is` narrowed it to Any | None
 
 
 @contextlib.contextmanager

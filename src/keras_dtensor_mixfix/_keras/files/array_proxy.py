@@ -29,7 +29,7 @@ class ArrayProxy(abc.ABC):
         return whole if dtype is None else whole.astype(dtype)
 
     def __len__(self) -> int:
-        return int(self.shape[0])  # type: ignore[attr-defined]  # every subclass knows its shape unread
+        return int(self.shape[0])  # every subclass knows its shape unread
 
     def __float__(self) -> float:
         return float(self.whole_array())

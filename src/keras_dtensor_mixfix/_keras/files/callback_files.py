@@ -77,6 +77,13 @@ def current_unit() -> Optional[commits.Unit]:
     return getattr(_state, "unit", None)
 
 
+def _unit() -> commits.Unit:
+    """The unit of the hook running on this thread, within a hook's section (where there always is one)."""
+    unit = current_unit()
+    assert unit is not None, "a file written within a callback hook's section, which has no unit"
+    return unit
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -157,7 +164,7 @@ def _deferred_delete(original: Callable[..., Any]) -> Callable[..., Any]:
         _state.wrote = True
         if not _local(path):
             return original(path, *args, **kwargs) if _rank() == 0 else None
-        current_unit().delete(os.fspath(path))
+        _unit().delete(os.fspath(path))
         return None
 
     return delete
@@ -173,7 +180,7 @@ def _staged_copy(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(source, destination, *args, **kwargs) if _rank() == 0 else None
         flush_if_touched(source)
         recover(source)
-        unit = current_unit()
+        unit = _unit()
         if _rank() != 0:
             unit.stage(os.fspath(destination))
             return None
@@ -226,9 +233,9 @@ def _rank_zero_file(original: Callable[..., Any]) -> Callable[..., Any]:
         staged = "a" not in mode and "+" not in mode and _local(path)  # an append goes where it appends
         if _rank() != 0:
             if staged:
-                current_unit().stage(os.fspath(path))
+                _unit().stage(os.fspath(path))
             return _DroppedBytes() if "b" in mode else _Dropped()
-        return original(current_unit().stage_on_disk(os.fspath(path)) if staged else path, mode)
+        return original(_unit().stage_on_disk(os.fspath(path)) if staged else path, mode)
 
     return File
 

@@ -141,7 +141,8 @@ def remove_leftovers(folder: str) -> None:
         return
     for name in os.listdir(folder):
         if name == STAGING or name.startswith(DELETING):
-            log.info("keras_dtensor_mixfix: removing %s, left by a save that did not finish", os.path.join(folder, name))
+            log.info("keras_dtensor_mixfix: removing %s, left by a save that did not finish",
+                     os.path.join(folder, name))
             shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 

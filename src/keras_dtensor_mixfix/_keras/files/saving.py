@@ -126,9 +126,11 @@ def _save_elsewhere(original: Callable[..., Any], model: Any, filepath: Any, *ar
     scratch = tempfile.mkdtemp(prefix="mixfix-save-")
     try:
         # the same file name (Keras checks its suffix), in a directory of this rank's own
-        name = os.path.basename(str(filepath).rstrip("/")) if isinstance(filepath, (str, os.PathLike)) else "model.keras"
+        name = (os.path.basename(str(filepath).rstrip("/")) if isinstance(filepath, (str, os.PathLike))
+                else "model.keras")
         with _converting_dtensors(rank_zero_gather.send_piece_for_placeholder,
-                                  rank_zero_gather.send_piece_for_placeholder), _weight_stores(lambda name, kind: _SendingStore):
+                                  rank_zero_gather.send_piece_for_placeholder), \
+                _weight_stores(lambda name, kind: _SendingStore):
             result = original(model, os.path.join(scratch, name), *args, **kwargs)
         rank_zero_gather.await_end()
         return result

@@ -1,17 +1,17 @@
 """The Keras self-check's checks: one per Keras private name or behaviour the integration relies on.
 
 Each check returns what it saw (one line) or raises when the running Keras does not have or do what the
-integration's modules expect; :mod:`.selfcheck` runs them, in a process of their own. A name the integration uses only where a Keras
-release has it (3.16's ``_initialize_ddp``, its promotion mode) is reported as present or absent: both pass,
-since the integration reads :mod:`..boundary.keras_modules`' feature tests too. The names are reached through the
-boundary, :mod:`..boundary.keras_modules`, as the integration reaches them.
+integration's modules expect; :mod:`.selfcheck` runs them, in a process of their own. A name the integration
+uses only where a Keras release has it (3.16's ``_initialize_ddp``, its promotion mode) is reported as present
+or absent: both pass, since the integration reads :mod:`..boundary.keras_modules`' feature tests too. The names
+are reached through the boundary, :mod:`..boundary.keras_modules`, as the integration reaches them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, Iterable
+from typing import Any, Callable, Dict, Iterable, cast
 
 from ..boundary import keras_modules, keras_private
 
@@ -94,7 +94,7 @@ def _sets_in_init(cls: type, attribute: str) -> None:
     """``cls``'s ``__init__`` (its own or inherited) sets ``self.<attribute>``: read from the source, since a
     distribution cannot be made here (before 3.15 it asks the backend's distribution_lib, None with the package
     off, for the process count)."""
-    sources = [inspect.getsource(klass.__init__) for klass in cls.__mro__ if "__init__" in vars(klass)
+    sources = [inspect.getsource(cast(Any, klass).__init__) for klass in cls.__mro__ if "__init__" in vars(klass)
                and klass is not object]
     if not any(f"self.{attribute} =" in source for source in sources):
         raise AttributeError(f"{cls.__qualname__}.__init__ sets no {attribute}")
@@ -377,8 +377,8 @@ CHECKS: Dict[str, KerasCheck] = {check.name: check for check in (
                check_optimizer_slot_layouts),
     KerasCheck("trainer_steps", "the torch trainer's make_*_function(force), train_step, _compute_loss",
                check_trainer_steps),
-    KerasCheck("compiled_step_state", "a model's _loss_tracker, _call_has_training_arg, _flatten_layers, _clear_losses, "
-                                      "*_function; a layer's _losses",
+    KerasCheck("compiled_step_state", "a model's _loss_tracker, _call_has_training_arg, _flatten_layers, "
+                                      "_clear_losses, *_function; a layer's _losses",
                check_compiled_step_state),
     KerasCheck("compile_hooks", "3.16's promotion mode and _use_torch_compile; _initialize_ddp", check_compile_hooks),
     KerasCheck("backend_ops", "the torch backend's core/numpy/nn functions the integration rebinds", check_backend_ops),

@@ -203,7 +203,7 @@ class _Deriver:
         kernel = getattr(layer, "kernel", None)
         kernel = kernel if any(v is kernel for v in own) else None
         projection = self._projection(layer, kernel) if kernel is not None else None
-        if projection is None:
+        if kernel is None or projection is None:
             for variable in own:
                 self._whole(variable, f"{type(layer).__name__} {getattr(layer, 'equation', '')}: no kernel this "
                                       "derivation reads")

@@ -20,6 +20,7 @@ from typing import Any, Tuple
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
+from ..boundary.defects import running_release_has
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere
 
@@ -40,7 +41,9 @@ OVERRIDE = Override(
     attributes=AFFECTED,
     description="ops: softplus, elu, selu and celu of a DTensor take their gradient contiguous (the layout DTensor "
                 "declares for theirs)",
-    apply=_contiguous_gradients)
+    apply=_contiguous_gradients,
+    needed=lambda: running_release_has("activation_backward_strides"),
+    kept="ops: softplus, elu, selu and celu as Keras has them (this torch declares their gradient's layout right)")
 
 
 def _with_contiguous_gradient(original: Any) -> Any:

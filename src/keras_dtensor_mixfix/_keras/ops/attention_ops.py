@@ -13,7 +13,7 @@ values, differentiably.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, List
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, piece
@@ -109,7 +109,7 @@ def _local_piece(tensor: Any, mesh: Any, placements: tuple, dims: dict, full_ran
     if not isinstance(tensor, torch.Tensor):
         return tensor
     missing = full_rank - tensor.ndim
-    own = []
+    own: List[Any] = []
     for placement in placements:
         if isinstance(placement, Shard):
             dim = dims[placement.dim] - missing

@@ -27,9 +27,14 @@ from typing import Any
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, piece
 from ..boundary import keras_modules
+from ..boundary.defects import running_release_has
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere
 from .normalization import whole_along_axes
+
+
+_DEFECTS = ("conv_channel_split", "conv_handler_refuses_unsplit", "conv_weight_grad_partial")
+"""The upstream defects this override answers: whole channels and positions (the first), on local pieces (2.11)."""
 
 
 def _convolution_on_batch_split_only(patches: PatchRecorder) -> None:
@@ -49,7 +54,9 @@ OVERRIDE = Override(
     owner="backend_nn() (and every Keras module importing it)",
     attributes=("conv", "conv_transpose"),
     description="ops: a convolution of a DTensor split along channels or positions runs on whole ones",
-    apply=_convolution_on_batch_split_only)
+    apply=_convolution_on_batch_split_only,
+    needed=lambda: any(running_release_has(name) for name in _DEFECTS),
+    kept="ops: convolutions as Keras has them (this torch convolves split DTensors right)")
 
 
 def _on_batch_split_only(original: Any) -> Any:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any, Optional, Sequence, Set, Tuple
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
@@ -72,7 +72,7 @@ def resplit_kernel(subscripts: Any, operands: Sequence[Any]) -> Sequence[Any]:
 
     if len(operands) != 2 or not isinstance(subscripts, str):
         return operands
-    tensors = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
+    tensors: List[Any] = [getattr(o, "value", o) if not isinstance(o, torch.Tensor) else o for o in operands]
     if not all(isinstance(t, DTensor) for t in tensors) or tensors[0].device_mesh != tensors[1].device_mesh:
         return operands
     parsed = parse(subscripts, 2)

@@ -12,11 +12,12 @@ compiling, a vocabulary-split table is looked up on each rank's rows (:func:`loo
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, List, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import first_index_here, from_pieces, piece
 from ..boundary import keras_modules
+from ..boundary.defects import running_release_has
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere
 
@@ -26,7 +27,10 @@ def _settled_lookup(patches: PatchRecorder) -> None:
     core = keras_modules.core()
     if not _SETTLE:
         _SETTLE.append(_settle_function())
-    rebind_everywhere(patches, numpy_module.take, _settled_take(numpy_module.take, core.convert_to_tensor))
+    # the table taken whole where the ids are split too: only where torch has the defect the repro shows
+    whole_where_split = running_release_has("embedding_mask_2d")
+    rebind_everywhere(patches, numpy_module.take,
+                      _settled_take(numpy_module.take, core.convert_to_tensor, whole_where_split))
 
 
 OVERRIDE = Override(
@@ -37,13 +41,13 @@ OVERRIDE = Override(
     apply=_settled_lookup)
 
 
-def _settled_take(original: Any, convert_to_tensor: Any) -> Any:
+def _settled_take(original: Any, convert_to_tensor: Any, whole_where_split: bool) -> Any:
     # convert_to_tensor is looked up here, not in the call: TorchDynamo cannot trace the module
     # lookup (importlib), and a graph break there, under Keras' name_scope, threw the whole layer
     # call out of the graph
     @functools.wraps(original)
     def take(x: Any, indices: Any, axis: Any = None) -> Any:
-        table = whole_where_indices_split(x, indices, convert_to_tensor)
+        table = whole_where_indices_split(x, indices, convert_to_tensor) if whole_where_split else x
         if axis == 0:
             looked_up = lookup_on_local_vocabulary(table, indices)
             if looked_up is not None:
@@ -102,7 +106,7 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     if not torch.compiler.is_compiling() or not isinstance(table, DTensor) or table.ndim != 2:
         return None
     mesh = table.device_mesh
-    vocabulary_dims = [i for i, p in enumerate(table.placements) if is_exactly(p, Shard) and p.dim == 0]
+    vocabulary_dims = [i for i, p in enumerate(table.placements) if is_exactly(p, Shard) and cast(Shard, p).dim == 0]
     if len(vocabulary_dims) != 1:  # one split of the vocabulary: this rank's rows are one range
         return None
     if isinstance(indices, DTensor):
@@ -114,6 +118,8 @@ def lookup_on_local_vocabulary(table: Any, indices: Any) -> Any:
     local_ids = piece(indices, mesh, ids_placements)
     # the result's placements, and the table gradient's: where the ids are split by rows, each rank's
     # rows add their share of the table's gradient, a partial sum over that mesh dim
+    placements: List[Any]
+    own: Any  # a Placement; a Shard where is_exactly says so
     placements, gradient_placements = [], list(table.placements)
     for mesh_dim, (own, theirs) in enumerate(zip(table.placements, ids_placements)):
         if mesh_dim in vocabulary_dims and isinstance(theirs, Replicate):

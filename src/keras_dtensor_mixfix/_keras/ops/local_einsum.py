@@ -43,7 +43,7 @@ attention fails sharding propagation of ``aten.bmm`` on a strided shard under fa
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, piece
@@ -159,7 +159,7 @@ def plan(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]],
     sizes = label_sizes(inputs, shapes)
     if sizes is None:
         return None
-    result = []
+    result: List[Any] = []
     sharded_labels: set = set()
     for mesh_dim in range(len(placements[0])):
         here = [p[mesh_dim] for p in placements]
@@ -204,7 +204,8 @@ def line_up(inputs: Sequence[str], output: str, placements: Sequence[Sequence[An
         here = [p[mesh_dim] for p in placements]
         if not all(_exactly(p, Replicate, Shard) for p in here):
             return None
-        sharded = [(index, labels[p.dim]) for index, (labels, p) in enumerate(zip(inputs, here)) if isinstance(p, Shard)]
+        sharded = [(index, labels[p.dim]) for index, (labels, p) in enumerate(zip(inputs, here))
+                   if isinstance(p, Shard)]
         if len({label for _, label in sharded}) < 2:
             continue
         keeper = next((label for _, label in sharded if label in output), None)
@@ -281,19 +282,21 @@ def _local_einsum(original: Any, subscripts: Any, operands: Sequence[Any], kwarg
         return None
     inputs, output = parsed
     shapes = [o.shape for o in operands]
-    lined: Optional[Sequence[Sequence[Any]]] = [
+    lined: Sequence[Sequence[Any]] = [
         tuple(o.placements) if isinstance(o, DTensor) else _plain_layout(labels, inputs, operands, mesh.ndim)
         for o, labels in zip(operands, inputs)]
     placements = plan(inputs, output, shapes, lined)
     if placements is None:
-        lined = line_up(inputs, output, lined)
-        placements = None if lined is None else plan(inputs, output, shapes, lined)
-        if placements is None or lined is None:
+        lined_up = line_up(inputs, output, lined)
+        placements = None if lined_up is None else plan(inputs, output, shapes, lined_up)
+        if placements is None or lined_up is None:
             return None
+        lined = lined_up
     pieces = [piece(o, mesh, wanted, gradient=gradient_placements(wanted, placements))
               for o, wanted in zip(operands, lined)]
     local = original(subscripts, *pieces, **kwargs)
     sizes = label_sizes(inputs, shapes)  # not None: plan() checked the labels against the dims
+    assert sizes is not None
     shape = torch.Size(max(sizes[label]) for label in output)  # a size-1 dim broadcasts
     # einsum may return a view: the global tensor is laid out in its dim order
     return from_pieces(local, mesh, placements, shape, stride=stride_in_order_of(local, shape))
@@ -307,7 +310,7 @@ def _plain_layout(labels: str, inputs: Sequence[str], operands: Sequence[Any], m
 
     layout = []
     for mesh_dim in range(mesh_ndim):
-        split = {other[o.placements[mesh_dim].dim] for other, o in zip(inputs, operands)
+        split = {other[cast(Shard, o.placements[mesh_dim]).dim] for other, o in zip(inputs, operands)
                  if isinstance(o, DTensor) and _exactly(o.placements[mesh_dim], Shard)}
         label = next(iter(split)) if len(split) == 1 else None
         layout.append(Shard(labels.index(label)) if label is not None and label in labels else Replicate())

@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import first_index_here, from_pieces, gathered, piece
@@ -155,7 +155,8 @@ def winner_across_pieces(value: Any, axis: Any, keepdims: bool, largest: bool) -
     if not keepdims:
         found = found.squeeze(axis)
     placements = [Replicate() if mesh_dim == pieces_dim or isinstance(p, Replicate)
-                  else Shard(p.dim - (p.dim > axis and not keepdims)) for mesh_dim, p in enumerate(value.placements)]
+                  else Shard(cast(Shard, p).dim - (cast(Shard, p).dim > axis and not keepdims))
+                  for mesh_dim, p in enumerate(value.placements)]
     shape = torch.Size(1 if dim == axis else size for dim, size in enumerate(value.shape) if keepdims or dim != axis)
     return from_pieces(found.to(torch.int32), mesh, placements, shape)
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
+from ..boundary.defects import running_release_has
 from ..boundary.overrides import Kind, Override
 from ..boundary.patches import rebind_everywhere
 
@@ -47,7 +48,9 @@ _PLANNING_REFUSED = "Sharding propagation failed"
 
 def _gathering_reshape(patches: PatchRecorder) -> None:
     original = keras_modules.backend_numpy().reshape
-    rebind_everywhere(patches, original, _gathering_where_refused(original))
+    # the gradient's layout only where torch has the defect the repro shows
+    gradient_as_forward = running_release_has("view_two_axes_one_dim")
+    rebind_everywhere(patches, original, _gathering_where_refused(original, gradient_as_forward))
 
 
 OVERRIDE = Override(
@@ -59,11 +62,13 @@ OVERRIDE = Override(
     apply=_gathering_reshape)
 
 
-def _gathering_where_refused(original: Any) -> Any:
+def _gathering_where_refused(original: Any, gradient_as_forward: bool) -> Any:
+    laid_out = _gradient_split_as_forward if gradient_as_forward else _as_it_is
+
     @functools.wraps(original)
     def reshape(x: Any, newshape: Any) -> Any:
         try:
-            return _gradient_split_as_forward(x, original(x, newshape))
+            return laid_out(x, original(x, newshape))
         except RuntimeError as refused:
             from torch.distributed.tensor import DTensor
 
@@ -80,9 +85,13 @@ def _gathering_where_refused(original: Any) -> Any:
             except RuntimeError:
                 raise refused from None
             _warn_once(x, target, gathered)
-            return _gradient_split_as_forward(x, result)
+            return laid_out(x, result)
 
     return reshape
+
+
+def _as_it_is(x: Any, result: Any) -> Any:
+    return result
 
 
 def _gradient_split_as_forward(x: Any, result: Any) -> Any:
@@ -103,13 +112,13 @@ def _gradient_split_as_forward(x: Any, result: Any) -> Any:
 def _laid_out_as_forward(placements: Tuple[Any, ...], changed: range, gradients: Tuple[Any, ...]) -> Any:
     """The gradient, laid out as the forward output was on each mesh axis where it is split along a dimension the
     reshape changed and the forward output was not split so (None: as it is)."""
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     gradient = gradients[0]
     if not isinstance(gradient, DTensor) or len(gradient.placements) != len(placements):
         return None
     wanted = tuple((forward if forward.is_shard() else Replicate())
-                   if arrived.is_shard() and arrived.dim in changed and arrived != forward else arrived
+                   if arrived.is_shard() and cast(Shard, arrived).dim in changed and arrived != forward else arrived
                    for arrived, forward in zip(gradient.placements, placements))
     if wanted == tuple(gradient.placements):
         return None

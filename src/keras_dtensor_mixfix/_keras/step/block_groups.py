@@ -139,7 +139,7 @@ def _function_identity(function: Any, layer: Any) -> Tuple[Any, ...]:
             None if wrapped is None else _function_identity(wrapped, layer))
 
 
-def _NOT_HERE() -> Tuple[type, ...]:
+def _NOT_HERE() -> Tuple[type, ...]:  # noqa: N802 - reads as the constant it is, made when Keras is there
     """What :func:`_constructed_values` leaves to other parts of the description."""
     return (keras_modules.layer_class(), keras_modules.base_variable_class(), keras_modules.initializer_class())
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
@@ -150,7 +150,7 @@ def _make_global(result: Any) -> Any:
 
     def one(leaf: Any) -> Any:
         if isinstance(leaf, DTensor):
-            return leaf.detach().full_tensor()
+            return cast(DTensor, leaf.detach()).full_tensor()  # detach() keeps the DTensor
         return leaf.detach() if isinstance(leaf, torch.Tensor) else leaf
 
     return tree.map_structure(one, result)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
+from ..boundary.defects import running_release_has
 from ..boundary.overrides import Kind, Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -65,7 +66,9 @@ OVERRIDE = Override(
     attributes=(keras_private.TRAINER_INITIALIZE_DDP,),
     description="trainer: models with sharded weights are not wrapped in DistributedDataParallel",
     apply=_sharded_models_left_unwrapped,
-    needed=lambda: keras_private.ddp_initializer() is not None, undo=_warned.clear)
+    needed=lambda: (keras_private.ddp_initializer() is not None
+                    and running_release_has("keras_duplicate_path_not_a_parameter")),
+    undo=_warned.clear)
 """On a Keras that wraps models in ``DistributedDataParallel`` (3.16)."""
 
 

@@ -110,7 +110,8 @@ def prepare(trainer: Any) -> bool:
             for name in TRAINER_REGIONS:
                 _compile_method(prepared, trainer, name, f"the model {trainer.name}'s {name}")
     optimizer = getattr(trainer, "optimizer", None)
-    if prepared.groups and optimizer is not None and optimizer is not prepared.optimizer:  # compile() may bring a new one
+    # compile() may bring a new one
+    if prepared.groups and optimizer is not None and optimizer is not prepared.optimizer:
         _compile_method(prepared, optimizer, "apply", f"the optimizer {optimizer.name}'s update")
         prepared.optimizer = optimizer
     return bool(prepared.groups)
@@ -188,7 +189,7 @@ class _Group:
         non_trainable = [keras_private.variable_storage(v) for v in member.non_trainable_variables]
         try:
             outputs, updated, losses = self.compiled(self.template, trainable, non_trainable, args, kwargs)
-        except Exception as error:  # noqa: BLE001 - the layer runs eagerly instead, and says so
+        except Exception as error:  # the layer runs eagerly instead, and says so
             if not _is_compile_error(error):
                 raise
             self._eager(_compile_failure(error))
@@ -308,7 +309,7 @@ class _CompiledMethod:
             return self.original(owner, *args, **kwargs)
         try:
             return self.compiled(owner, *args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - the method runs eagerly instead, and says so
+        except Exception as error:  # the method runs eagerly instead, and says so
             if not _is_compile_error(error):
                 raise
             self.eager_reason = _compile_failure(error)

@@ -74,7 +74,7 @@ Keras' own mode comes back where Keras would have it."""
 def _on_patch_state(patched: bool) -> None:
     try:
         sync()
-    except Exception:  # noqa: BLE001 - a listener must not break patch()/unpatch()
+    except Exception:  # a listener must not break patch()/unpatch()
         log.warning("keras_dtensor_mixfix: could not bring Keras' promotion mode in line", exc_info=True)
 
 
