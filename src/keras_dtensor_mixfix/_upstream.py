@@ -100,7 +100,7 @@ DEFECTS: Tuple[Defect, ...] = (
            Workaround.KERAS_OP_OVERRIDE, "_keras/ops/attention_ops.py",
            "TorchDynamo answers hasattr(dtensor, 'to_local') False while tracing"),
     Defect("compile_mutated_dtensor_input", "torch", "torch_compile_mutated_dtensor_input.py", _EVERY, (),
-           Workaround.KERAS_OP_OVERRIDE, "_keras/step/compile.py",
+           Workaround.KERAS_OP_OVERRIDE, "_keras/ops/casting.py",
            "AOTAutograd gives a DTensor input modified in place under torch.compile a plain tangent"),
     Defect("compile_dtensor_output_without_gradient", "torch", "torch_compile_dtensor_output_without_gradient.py",
            _EVERY, (), Workaround.KERAS_OP_OVERRIDE, "_keras/ops/reduction_ops.py, _keras/step/forked_train_step.py",

@@ -50,8 +50,8 @@ from ._keras.boundary.overrides import Override, in_order
 from ._keras.files import callback_files, saving
 from ._keras.gate import keras_gate
 from ._keras.layout_maps import whole_weights
-from ._keras.ops import (activations, attention_ops, convolution, einsum_kernel_split, embedding_ops, local_einsum,
-                         normalization, reduction_ops, repeat, reshape, tensor_ops, vocab_parallel_loss)
+from ._keras.ops import (activations, attention_ops, casting, convolution, einsum_kernel_split, embedding_ops,
+                         local_einsum, normalization, reduction_ops, repeat, reshape, tensor_ops, vocab_parallel_loss)
 from ._keras.step import (compile, data, ddp, forked_train_step, layer_compile, promotion_mode, reductions,
                           tracebacks)
 from ._lifecycle.recorder import PatchRecorder
@@ -66,7 +66,7 @@ __all__ = ["install", "uninstall", "is_installed", "report", "set_compile_unit",
 OVERRIDES: Tuple[Override, ...] = (
     backend_lib.OURS, backend_lib.COMPLETED, variables.OVERRIDE, variables.LAYOUT_ARGUMENT, reductions.OVERRIDE,
     reductions.GRADIENTS_OF_OUR_PARAMETERS, reductions.GRADIENTS_OF_NATIVE_PARAMETERS, values.OVERRIDE,
-    data.STEP_FUNCTIONS, data.BATCHES_DISTRIBUTED, data.DATA_ADAPTER, compile.TRACEABLE_CAST,
+    data.STEP_FUNCTIONS, data.BATCHES_DISTRIBUTED, data.DATA_ADAPTER, casting.OVERRIDE,
     forked_train_step.TRAIN_STEP, compile.COMPILE_ALLOWED,
     saving.OVERRIDE, callback_files.OVERRIDE, whole_weights.OVERRIDE, ddp.OVERRIDE,
     embedding_ops.OVERRIDE, reduction_ops.OVERRIDE, tensor_ops.OVERRIDE, attention_ops.OVERRIDE,
@@ -93,7 +93,6 @@ class _Integration:
         self.busy_in: Optional[int] = None  # the thread applying or restoring, outside the lock
         self.recorder: Optional[PatchRecorder] = None
         self.applied: List[Override] = []
-        self.recorded_by: List[Tuple[str, int]] = []  # (override name, how many of recorder's records it made)
         self.report: List[str] = []
         self.patched_here = False  # install() patched the package (uninstall() unpatches it)
 
@@ -219,7 +218,6 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
         reason = keras_gate.refusal(allow_newer_keras)  # may run the self-check (a subprocess)
         if reason is not None:
             raise UnsupportedKerasError(reason)
-        recorded_by: List[Tuple[str, int]] = []
         added: List[str] = []
         ordered = in_order(OVERRIDES)
         needed = [override.needed() for override in ordered]  # on Keras as it is, before any is applied
@@ -228,9 +226,8 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
                 if override.kept is not None:
                     added.append(override.kept)
                 continue
-            recorded = len(patches)
-            line = override.apply(patches)
-            recorded_by.append((override.name, len(patches) - recorded))
+            with patches.on_behalf_of(override.name):
+                line = override.apply(patches)
             applied.append(override)
             added.append(line or override.description)
         patched_here = not is_patched()
@@ -243,7 +240,7 @@ def install(allow_newer_keras: Optional[bool] = None) -> bool:
             _STATE.end()
         raise
     with _STATE.changed:
-        _STATE.recorder, _STATE.applied, _STATE.recorded_by = patches, applied, recorded_by
+        _STATE.recorder, _STATE.applied = patches, applied
         _STATE.report, _STATE.patched_here = added, patched_here
         _STATE.end()
     log.info("keras_dtensor_mixfix: Keras distribution support installed (%s)", "; ".join(added))
@@ -263,7 +260,7 @@ def uninstall() -> None:
         if recorder is None:
             _STATE.end()
             return
-        _STATE.recorder, _STATE.applied, _STATE.recorded_by, _STATE.report = None, [], [], []
+        _STATE.recorder, _STATE.applied, _STATE.report = None, [], []
         _STATE.patched_here = False
     try:
         recorder.restore()
@@ -285,10 +282,7 @@ def _replaced_attributes() -> List[Tuple[str, Any, str]]:
     """``(override name, owner, attribute)`` for every attribute the installed integration replaced (none if not
     installed), oldest first."""
     with _STATE.changed:
-        recorder, recorded_by = _STATE.recorder, list(_STATE.recorded_by)
+        recorder = _STATE.recorder
     if recorder is None:
         return []
-    records = recorder.records()
-    names = [name for name, count in recorded_by for _ in range(count)]
-    names += [""] * (len(records) - len(names))  # none expected: every override applies within install()
-    return [(name, record.owner, record.name) for name, record in zip(names, records)]
+    return [(record.by, record.owner, record.name) for record in recorder.records()]

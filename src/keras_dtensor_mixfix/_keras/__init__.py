@@ -24,6 +24,7 @@ The sub-packages, top to bottom (each imports only from those below it: an impor
   the ``Override`` declaration and rebinding a Keras function wherever it was imported.
 
 Where a change goes: a Keras op DTensor cannot run, as a module of :mod:`.ops` (one per op family) declaring an
-``Override`` of kind ``OPS``, listed in ``keras_integration.OVERRIDES``; a private Keras name, in
-:mod:`.boundary.keras_modules` or :mod:`.boundary.keras_private`, with a check in :mod:`.gate.checks`.
+``Override`` whose report line starts "ops:", listed in ``keras_integration.OVERRIDES``; a workaround of an upstream
+defect asks the defect table for it (``needed``, or where it takes its path: :mod:`.boundary.defects`); a private
+Keras name, in :mod:`.boundary.keras_modules` or :mod:`.boundary.keras_private`, with a check in :mod:`.gate.checks`.
 """

@@ -6,7 +6,7 @@ very descriptor it was (a ``staticmethod`` stays one) and an attribute the owner
 is deleted, not set, making the inherited one visible again. An attribute is restored only if it
 is still ours: if someone replaced it on top of us, a warning names it and it is left in place
 (restoring ours would silently undo their patch). A second ``restore()`` does nothing. ``records()``
-lists what is recorded, oldest first.
+lists what is recorded, oldest first, each with the name of what made it (``on_behalf_of``).
 
 Only an attribute that exists (held or inherited) is replaced unless ``create=True`` says the
 package adds it on purpose: a Keras or torch release that renamed what we replace then fails at
@@ -18,9 +18,10 @@ torch.compile cache guard (``compile_cache``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, Iterator, List, NamedTuple, Optional
 
 from .._rules.errors import MixfixError
 
@@ -78,6 +79,7 @@ class _Record(NamedTuple):
     previous: Any
     ours: Any
     label: str
+    by: str
 
 
 class Replacement(NamedTuple):
@@ -92,6 +94,8 @@ class Replacement(NamedTuple):
     ``restore()`` puts back."""
     label: str
     """How warnings name it (the ``label`` given to ``set``, else ``Owner.name``)."""
+    by: str = ""
+    """What made it: the name given to :meth:`PatchRecorder.on_behalf_of` around the ``set`` ("" outside one)."""
 
 
 class PatchRecorder:
@@ -103,6 +107,7 @@ class PatchRecorder:
     def __init__(self) -> None:
         self._undo: List[_Record] = []
         self._lock = threading.Lock()
+        self._by = ""
 
     def __len__(self) -> int:
         """How many replacements are recorded (and not restored yet)."""
@@ -111,7 +116,16 @@ class PatchRecorder:
     def records(self) -> List[Replacement]:
         """Every replacement recorded and not restored yet, oldest first (a copy: restoring does not change it)."""
         with self._lock:
-            return [Replacement(r.owner, r.name, r.previous, r.label) for r in self._undo]
+            return [Replacement(r.owner, r.name, r.previous, r.label, r.by) for r in self._undo]
+
+    @contextlib.contextmanager
+    def on_behalf_of(self, name: str) -> Iterator[None]:
+        """Within it, each replacement is recorded as made by ``name`` (:attr:`Replacement.by`); not nested."""
+        self._by = name
+        try:
+            yield
+        finally:
+            self._by = ""
 
     def set(self, owner: Any, name: str, value: Any, *, label: Optional[str] = None, create: bool = False) -> None:
         """Set ``owner.name`` (``owner[name]`` for a dict) to ``value`` and record what it was.
@@ -137,7 +151,7 @@ class PatchRecorder:
                 owner[name] = value
             else:
                 setattr(owner, name, value)
-            self._undo.append(_Record(owner, name, previous, value, label or _describe(owner, name)))
+            self._undo.append(_Record(owner, name, previous, value, label or _describe(owner, name), self._by))
 
     def restore(self) -> List[str]:
         """Undo every replacement, newest first; returns the labels of those left (no longer ours)."""

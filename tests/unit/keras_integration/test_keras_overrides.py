@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from keras_dtensor_mixfix._keras.boundary.overrides import Kind, Override, in_order
+from keras_dtensor_mixfix._keras.boundary.overrides import Override, in_order
 
 
 def _override(name: str, *after: str) -> Override:
-    return Override(name=name, kind=Kind.KERAS_OBJECTS, owner="layer_class()", attributes=("__call__",),
-                    description=f"{name} applied", apply=lambda recorder: None, after=after)
+    return Override(name=name, attributes=("__call__",), description=f"{name} applied", apply=lambda recorder: None,
+                    after=after)
 
 
 def test_the_order_keeps_the_declared_one_unless_an_override_comes_after_a_later_one():
@@ -28,13 +28,18 @@ def test_an_order_that_cannot_be_kept_is_refused(overrides, refusal):
         in_order(overrides)
 
 
-def test_an_op_override_names_its_family_and_only_an_op_override_does():
-    with pytest.raises(ValueError, match="op family"):
-        Override(name="take", kind=Kind.OPS, owner="backend_numpy()", attributes=("take",), description="take",
-                 apply=lambda recorder: None)
-    with pytest.raises(ValueError, match="op family"):
-        Override(name="saving", kind=Kind.KERAS_OBJECTS, owner="saving_lib()", attributes=("save_model",),
-                 description="saving", apply=lambda recorder: None, family="saving")
+def test_the_folder_that_declares_an_override_is_what_it_changes():
+    """An override whose report line says it changes a Keras op is declared in _keras/ops, and every override there
+    says so: the folder is the declaration of what part of Keras an override changes."""
+    from keras_dtensor_mixfix import keras_integration
+
+    wings = {"backend", "files", "layout_maps", "ops", "step"}
+    for override in keras_integration.OVERRIDES:
+        module = override.apply.__module__
+        assert module.startswith("keras_dtensor_mixfix._keras."), (override.name, module)
+        wing = module.split(".")[2]
+        assert wing in wings, (override.name, module)
+        assert override.description.startswith("ops:") == (wing == "ops"), (override.name, module)
 
 
 def test_every_declared_override_is_in_the_install_order_with_its_line_and_attributes():

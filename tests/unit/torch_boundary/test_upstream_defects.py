@@ -68,7 +68,6 @@ ROOT = PACKAGE.parents[1]
 
 NOT_YET_ASKED = {
     "dynamo_hasattr_dtensor": "one path of the attention override, which runs on local pieces for other reasons too",
-    "compile_mutated_dtensor_input": "one path of the compiled step (_keras/step/compile.py)",
     "compile_dtensor_output_without_gradient": "paths of the reductions and of the forked train step",
     "dtensor_argmax_compiled": "one path of the reductions override",
     "dynamo_compiles_dtensor_unflatten": "the forked train step, which answers other defects too",

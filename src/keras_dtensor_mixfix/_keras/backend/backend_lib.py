@@ -12,7 +12,7 @@ import sys
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 REQUIRED_LIB_NAMES = (
     "list_devices", "get_device_count", "initialize", "num_processes", "process_id", "distribute_tensor",
@@ -45,18 +45,13 @@ def _complete_native(patches: PatchRecorder) -> str:
 
 
 OURS = Override(
-    name="distribution_lib", kind=Kind.BACKEND_PROTOCOL,
-    owner="backend_package(), distribution_module(); under 3.16's name: sys.modules, "
-          "torch_backend_package()",
-    attributes=("distribution_lib", keras_modules.TORCH_DISTRIBUTION_LIB),
+    name="distribution_lib", attributes=("distribution_lib", keras_modules.TORCH_DISTRIBUTION_LIB),
     description=f"distribution_lib: torch backend installed (also as {keras_modules.TORCH_DISTRIBUTION_LIB})",
     apply=_install_ours, needed=lambda: not keras_modules.native_distribution_lib())
 """Ours, where Keras has no torch ``distribution_lib`` (3.12 to 3.15)."""
 
 COMPLETED = Override(
-    name="distribution_lib completed", kind=Kind.BACKEND_PROTOCOL,
-    owner="backend_package().distribution_lib (Keras' own, 3.16), distribution_module()",
-    attributes=REQUIRED_LIB_NAMES + ("distribution_lib",),
+    name="distribution_lib completed", attributes=REQUIRED_LIB_NAMES + ("distribution_lib",),
     description="distribution_lib: Keras' own kept, completed", apply=_complete_native,
     needed=keras_modules.native_distribution_lib)
 """Keras' own (3.16), with whatever of ours it lacks."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -31,8 +31,7 @@ def _gathering_conversion(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="convert_to_numpy", kind=Kind.BACKEND_PROTOCOL,
-    owner="core() (and every Keras module importing it)",
+    name="convert_to_numpy",
     attributes=("convert_to_numpy",), description="convert_to_numpy: gathers DTensors to global values",
     apply=_gathering_conversion, needed=lambda: not keras_modules.native_distribution_lib(),
     kept="convert_to_numpy: Keras' own kept")

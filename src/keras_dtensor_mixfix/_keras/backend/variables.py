@@ -19,7 +19,7 @@ from ..boundary.keras_private import (VARIABLE_DIRECT_ASSIGN, VARIABLE_INITIALIZ
                             convert_for_variable, set_variable_layout, set_variable_shape,
                             set_variable_storage, validated_shape, variable_dtype, variable_layout, variable_shape,
                             variable_storage)
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..ranks.agreement import RankZeroStopped
 from . import initial_values
 
@@ -153,8 +153,7 @@ def _layout_aware_variables(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="variables", kind=Kind.KERAS_OBJECTS, owner="core().Variable; base_variable_class() for __repr__",
-    attributes=(VARIABLE_INITIALIZE, VARIABLE_INITIALIZE_WITH_INITIALIZER, VARIABLE_DIRECT_ASSIGN,
+    name="variables", attributes=(VARIABLE_INITIALIZE, VARIABLE_INITIALIZE_WITH_INITIALIZER, VARIABLE_DIRECT_ASSIGN,
                 "__repr__"),
     description="variables: layouts become DTensor parameters", apply=_layout_aware_variables,
     needed=lambda: not keras_modules.native_layout_variables(),
@@ -175,7 +174,7 @@ def _layout_argument_kept(patches: PatchRecorder) -> None:
 
 
 LAYOUT_ARGUMENT = Override(
-    name="variable layout argument", kind=Kind.KERAS_OBJECTS, owner="core().Variable", attributes=("__init__",),
+    name="variable layout argument", attributes=("__init__",),
     description="variables: the layout given to a new variable kept (an optimizer's slot variables take their "
                 "reference's)",
     apply=_layout_argument_kept,

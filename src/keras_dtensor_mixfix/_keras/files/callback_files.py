@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Optional, Type
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 from ..ranks import agreement
 from . import commits, other_writers
@@ -354,9 +354,7 @@ def _file_callback_classes() -> Iterator[Type[Any]]:
 
 
 OVERRIDE = Override(
-    name="callbacks that write files", kind=Kind.KERAS_OBJECTS,
-    owner="file_utils() and callbacks_package()'s BackupAndRestore, ModelCheckpoint, CSVLogger, TensorBoard, "
-          "OrbaxCheckpoint",
+    name="callbacks that write files",
     attributes=WRITES + LOOKS + ("File",) + HOOKS + ("OrbaxCheckpoint.checkpointer", "TensorBoard.log_dir"),
     description="callbacks: files written once (rank 0), the ranks in step after a hook that wrote",
     apply=_file_callbacks_write_once)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere, replaced_for_the_call
 from ..ranks import agreement
 from . import callback_files, commits, rank_zero_gather, slice_loading
@@ -49,8 +49,7 @@ def _rank_zero_saving(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="saving", kind=Kind.KERAS_OBJECTS, owner="saving_lib()",
-    attributes=("save_model", "save_weights_only", "load_model", "load_weights_only"),
+    name="saving", attributes=("save_model", "save_weights_only", "load_model", "load_weights_only"),
     description="saving: rank 0 alone assembles and writes whole weights; loading reads each rank's slices",
     apply=_rank_zero_saving)
 

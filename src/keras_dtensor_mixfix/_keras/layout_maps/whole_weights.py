@@ -15,7 +15,7 @@ from typing import Any, Optional, Set, Tuple
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -39,8 +39,7 @@ def _warning_when_left_whole(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="large weights left whole", kind=Kind.KERAS_OBJECTS, owner="distribution_module().ModelParallel",
-    attributes=("get_variable_layout",),
+    name="large weights left whole", attributes=("get_variable_layout",),
     description="layouts: a large weight the layout map leaves whole is named in a warning",
     apply=_warning_when_left_whole)
 

@@ -1,4 +1,4 @@
-"""Keras ops DTensor cannot run as Keras writes them, one module per op family, each an ``Override`` of kind ``OPS``.
+"""Keras ops DTensor cannot run as Keras writes them, one module per op family, each declaring its ``Override``.
 
 - :mod:`.embedding_ops`: ``take`` (an embedding lookup) on a table split along the looked-up axis;
 - :mod:`.reduction_ops`: extreme and logical reductions (``min``, ``max``, ``all``, ``any``, ``argmax``, ...);
@@ -12,5 +12,6 @@
 - :mod:`.reshape`: ``reshape`` whose split DTensor cannot carry into the new shape;
 - :mod:`.normalization`: RMS normalization over a split axis;
 - :mod:`.convolution`: convolutions of DTensors split along anything but the batch;
-- :mod:`.activations`: activations whose gradient DTensor lays out unlike torch's kernel.
+- :mod:`.activations`: activations whose gradient DTensor lays out unlike torch's kernel;
+- :mod:`.casting`: ``cast`` of a NumPy value while TorchDynamo traces.
 """

@@ -21,7 +21,7 @@ from typing import Any, Tuple
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
 from ..boundary.defects import running_release_has
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 #: Keras' torch-backend activations whose backward is one of the aten ops with the layout disagreement.
@@ -36,9 +36,7 @@ def _contiguous_gradients(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="activations", kind=Kind.OPS, family="activation",
-    owner="backend_nn() (and every Keras module importing it)",
-    attributes=AFFECTED,
+    name="activations", attributes=AFFECTED,
     description="ops: softplus, elu, selu and celu of a DTensor take their gradient contiguous (the layout DTensor "
                 "declares for theirs)",
     apply=_contiguous_gradients,

@@ -18,7 +18,7 @@ from typing import Any, List
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, piece
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -28,9 +28,7 @@ def _attention_on_local_rows_and_heads(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="attention", kind=Kind.OPS, family="attention",
-    owner="backend_nn() (and every Keras module importing it)",
-    attributes=("dot_product_attention",), description="ops: attention runs on local rows and heads",
+    name="attention", attributes=("dot_product_attention",), description="ops: attention runs on local rows and heads",
     apply=_attention_on_local_rows_and_heads)
 
 

@@ -28,7 +28,7 @@ from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, piece
 from ..boundary import keras_modules
 from ..boundary.defects import running_release_has
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 from .normalization import whole_along_axes
 
@@ -50,9 +50,7 @@ def _convolution_on_batch_split_only(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="convolution", kind=Kind.OPS, family="convolution",
-    owner="backend_nn() (and every Keras module importing it)",
-    attributes=("conv", "conv_transpose"),
+    name="convolution", attributes=("conv", "conv_transpose"),
     description="ops: a convolution of a DTensor split along channels or positions runs on whole ones",
     apply=_convolution_on_batch_split_only,
     needed=lambda: any(running_release_has(name) for name in _DEFECTS),

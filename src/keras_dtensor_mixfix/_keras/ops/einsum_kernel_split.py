@@ -37,7 +37,7 @@ from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 from .local_einsum import label_sizes, parse
 
@@ -50,8 +50,7 @@ def _kernel_split_einsum(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="einsum kernel split", kind=Kind.OPS, family="einsum",
-    owner="backend_numpy() (and every Keras module importing it)",
+    name="einsum kernel split",
     attributes=("einsum",), description="ops: a kernel re-split so that more einsums line up",
     apply=_kernel_split_einsum, after=("local einsum",))
 """Wraps the einsum ``local einsum`` installed."""

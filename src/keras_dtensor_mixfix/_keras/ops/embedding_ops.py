@@ -18,7 +18,7 @@ from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import first_index_here, from_pieces, piece
 from ..boundary import keras_modules
 from ..boundary.defects import running_release_has
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -34,9 +34,7 @@ def _settled_lookup(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="take", kind=Kind.OPS, family="embedding",
-    owner="backend_numpy() (and every Keras module importing it)",
-    attributes=("take",),
+    name="take", attributes=("take",),
     description="ops: take gathers a table split where its ids are and settles masked partials",
     apply=_settled_lookup)
 

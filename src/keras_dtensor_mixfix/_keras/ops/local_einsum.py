@@ -48,7 +48,7 @@ from typing import Any, List, Optional, Sequence, Tuple, cast
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, piece
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -62,9 +62,7 @@ def _einsum_on_local_pieces(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="local einsum", kind=Kind.OPS, family="einsum",
-    owner="backend_numpy() (and every Keras module importing it)",
-    attributes=("einsum", "matmul"),
+    name="local einsum", attributes=("einsum", "matmul"),
     description="ops: einsum and matmul run on local pieces where shardings line up",
     apply=_einsum_on_local_pieces)
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence, Set
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -31,9 +31,7 @@ def _rms_normalization_on_whole_rows(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="rms_normalization", kind=Kind.OPS, family="normalization",
-    owner="ops_nn() (and every Keras module importing it)",
-    attributes=(keras_private.RMS_NORMALIZATION,),
+    name="rms_normalization", attributes=(keras_private.RMS_NORMALIZATION,),
     description="ops: rms_normalization of a DTensor split along the normalized axis runs on whole rows",
     apply=_rms_normalization_on_whole_rows)
 

@@ -29,7 +29,7 @@ from typing import Any, cast
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import first_index_here, from_pieces, gathered, piece
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -176,8 +176,6 @@ def whole_along(value: Any, axis: Any) -> Any:
 
 
 OVERRIDE = Override(
-    name="reductions", kind=Kind.OPS, family="reduction",
-    owner="backend_numpy() (and every Keras module importing it)",
-    attributes=SETTLED_REDUCTIONS + ARG_REDUCTIONS,
+    name="reductions", attributes=SETTLED_REDUCTIONS + ARG_REDUCTIONS,
     description="ops: min, max, all and any over a sharded axis settled at once; argmax and argmin over a split dim",
     apply=_settled_reductions)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -27,8 +27,7 @@ def _expanded_repeat_rebound(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="repeat", kind=Kind.OPS, family="shape",
-    owner="backend_numpy() (and every Keras module importing it)",
+    name="repeat",
     attributes=("repeat",), description="ops: repeat of a DTensor by a whole number expands it (as Keras 3.15 does)",
     apply=_expanded_repeat_rebound, needed=lambda: not keras_modules.repeat_expands_whole_numbers())
 """Before Keras 3.15."""

@@ -33,7 +33,7 @@ from typing import Any, List, Sequence, Tuple, cast
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
 from ..boundary.defects import running_release_has
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 log = logging.getLogger("keras_dtensor_mixfix")
@@ -54,9 +54,7 @@ def _gathering_reshape(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="reshape", kind=Kind.OPS, family="shape",
-    owner="backend_numpy() (and every Keras module importing it)",
-    attributes=("reshape",),
+    name="reshape", attributes=("reshape",),
     description="ops: reshape of a DTensor whose split DTensor cannot keep in the new shape gathers the reshaped "
                 "dimensions first",
     apply=_gathering_reshape)

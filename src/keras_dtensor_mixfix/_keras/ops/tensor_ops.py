@@ -35,7 +35,7 @@ from typing import Any
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import from_pieces, on_pieces, piece
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -63,8 +63,7 @@ def _slice_update_and_one_hot(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="slice_update, one_hot, stack, pad, cumsum and not_equal", kind=Kind.OPS, family="tensor",
-    owner="core(), backend_nn(), backend_numpy() (and every Keras module importing them)",
+    name="slice_update, one_hot, stack, pad, cumsum and not_equal",
     attributes=("slice_update", "one_hot", "stack", "pad", "cumsum", "not_equal"),
     description="ops: slice_update replicates sharded inputs; one_hot encodes local pieces while compiling; "
                 "stack and cumsum take a non-negative axis, pad and cumsum run on local pieces, not_equal is "

@@ -29,7 +29,7 @@ from typing import Any, Optional, Tuple
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import first_index_here, from_pieces, piece, reduced
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
@@ -40,10 +40,8 @@ def _vocab_parallel_loss(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="vocab-parallel loss", kind=Kind.OPS, family="loss",
-    owner="backend_nn() (and every Keras module importing it)",
-    attributes=("sparse_categorical_crossentropy",),
-    description="loss: sparse categorical cross-entropy over class-split logits never gathers them",
+    name="vocab-parallel loss", attributes=("sparse_categorical_crossentropy",),
+    description="ops: sparse categorical cross-entropy over class-split logits never gathers them",
     apply=_vocab_parallel_loss)
 
 

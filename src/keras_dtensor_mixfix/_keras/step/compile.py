@@ -18,14 +18,9 @@ from typing import Any, Callable, Dict, List
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
-from ..boundary.patches import rebind_everywhere, replaced_for_the_call
+from ..boundary.overrides import Override
+from ..boundary.patches import replaced_for_the_call
 from . import ddp, layer_compile, promotion_mode
-
-
-def _cast_traceable(patches: PatchRecorder) -> None:
-    core = keras_modules.core()
-    rebind_everywhere(patches, core.cast, _traceable_cast(core.cast))
 
 
 def _compile_allowed_while_replaced(patches: PatchRecorder) -> None:
@@ -41,43 +36,12 @@ def _compile_allowed_while_replaced(patches: PatchRecorder) -> None:
     patches.set(trainer_class, keras_private.TRAINER_USE_TORCH_COMPILE, _use_torch_compile)
 
 
-TRACEABLE_CAST = Override(
-    name="cast", kind=Kind.OPS, family="casting",
-    owner="core() (and every Keras module importing it)", attributes=("cast",),
-    description="ops: cast of a NumPy value traced as a tensor while compiling", apply=_cast_traceable)
-
 COMPILE_ALLOWED = Override(
-    name="compile allowed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
-    attributes=(keras_private.TRAINER_USE_TORCH_COMPILE,),
+    name="compile allowed", attributes=(keras_private.TRAINER_USE_TORCH_COMPILE,),
     description="jit_compile: each distinct repeated block compiled once, or the whole step (also under "
                 "ModelParallel while our promotion replaces Keras' mode)",
     apply=_compile_allowed_while_replaced, needed=keras_modules.native_promotion_mode)
 """Keras 3.16, which refuses ``jit_compile`` under its own promotion mode: allowed where ours replaced it."""
-
-
-def _traceable_cast(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' ``cast``, given a NumPy value as a torch tensor first while TorchDynamo traces.
-
-    TorchDynamo traces NumPy values as arrays, and Keras' ``convert_to_tensor`` reads ``x.dtype`` of one,
-    which it cannot trace: a graph break. keras_hub Gemma's attention casts a NumPy scalar
-    (``q *= ops.cast(1 / np.sqrt(head_dim), q.dtype)``), and the break there made ``q`` an input of the
-    resumed graph, modified in place, which torch's AOTAutograd gets wrong for a DTensor
-    (``repros/torch_compile_mutated_dtensor_input.py``). Same values: ``cast`` converts to the dtype it is
-    given either way, on the device Keras would put the tensor on; in eager nothing changes.
-    """
-    import numpy as np
-    import torch
-
-    get_device = keras_modules.core().get_device
-
-    @functools.wraps(original)
-    def cast(x: Any, dtype: Any) -> Any:
-        if isinstance(x, (np.ndarray, np.generic)) and torch.compiler.is_compiling():
-            # Keras' own conversion places the tensor on its device; a CPU tensor would stay on the CPU
-            x = torch.as_tensor(x, device=get_device())
-        return original(x, dtype)
-
-    return cast
 
 
 def static_shapes(trainer: Any) -> bool:

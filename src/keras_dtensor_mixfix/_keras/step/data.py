@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Tuple, cast
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 from ..layout_maps import sharding_report
 from . import compile as compile_step
 from . import layer_compile, promotion_mode
@@ -178,15 +178,13 @@ def _global_batches_accepted(patches: PatchRecorder) -> None:
 
 
 STEP_FUNCTIONS = Override(
-    name="step functions", kind=Kind.TRAIN_STEP, owner="trainer_class()",
-    attributes=("make_train_function", "make_test_function", "make_predict_function"),
+    name="step functions", attributes=("make_train_function", "make_test_function", "make_predict_function"),
     description="trainer: step functions wrapped", apply=_each_make_function(_wrapped_make),
     undo=_forget_models_and_distributions)
 """Every step: the promotion mode synced, compiled with static shapes (or per layer)."""
 
 BATCHES_DISTRIBUTED = Override(
-    name="batches distributed", kind=Kind.TRAIN_STEP, owner="trainer_class()",
-    attributes=("make_train_function", "make_test_function", "make_predict_function"),
+    name="batches distributed", attributes=("make_train_function", "make_test_function", "make_predict_function"),
     description="trainer: batches distributed on the batch axis; logs and predictions made global",
     apply=_each_make_function(_batches_distributed_by), after=("step functions",),
     needed=lambda: not keras_modules.native_data_distribution(), kept="trainer: Keras' own data distribution kept")
@@ -194,8 +192,7 @@ BATCHES_DISTRIBUTED = Override(
 wrapped step (:data:`STEP_FUNCTIONS`) runs, and its results made global after."""
 
 DATA_ADAPTER = Override(
-    name="data adapter", kind=Kind.TRAIN_STEP, owner="data_adapters()",
-    attributes=("get_data_adapter",),
+    name="data adapter", attributes=("get_data_adapter",),
     description="trainer: inputs other than tf.data accepted in multi-process runs (each process iterates the "
                 "global batch)",
     apply=_global_batches_accepted, needed=lambda: not keras_modules.native_data_distribution())

@@ -28,7 +28,7 @@ from typing import Any
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
 from ..boundary.defects import running_release_has
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -62,8 +62,7 @@ def _sharded_models_left_unwrapped(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="DistributedDataParallel wrap", kind=Kind.TRAIN_STEP, owner="trainer_class()",
-    attributes=(keras_private.TRAINER_INITIALIZE_DDP,),
+    name="DistributedDataParallel wrap", attributes=(keras_private.TRAINER_INITIALIZE_DDP,),
     description="trainer: models with sharded weights are not wrapped in DistributedDataParallel",
     apply=_sharded_models_left_unwrapped,
     needed=lambda: (keras_private.ddp_initializer() is not None

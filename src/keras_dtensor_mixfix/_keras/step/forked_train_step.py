@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 
 def _train_step_compiled_under_distribution(patches: PatchRecorder) -> None:
@@ -32,7 +32,7 @@ def _train_step_compiled_under_distribution(patches: PatchRecorder) -> None:
 
 
 TRAIN_STEP = Override(
-    name="train step", kind=Kind.TRAIN_STEP, owner="trainer_class()", attributes=("train_step",),
+    name="train step", attributes=("train_step",),
     description="jit_compile: each distinct repeated block compiled once, or the whole step",
     apply=_train_step_compiled_under_distribution, needed=lambda: not keras_modules.native_promotion_mode())
 """Keras 3.12 to 3.15: the train step compiled under a distribution is :func:`_compiled_train_step`."""

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -64,8 +64,7 @@ def uninstall() -> None:
 
 
 OVERRIDE = Override(
-    name="promotion mode", kind=Kind.BACKEND_PROTOCOL, owner="core()",
-    attributes=("activate_dtensor_promotion",),
+    name="promotion mode", attributes=("activate_dtensor_promotion",),
     description="promotion: ours replaces Keras' KerasDTensorPromotionMode while patched",
     apply=_replace_keras_mode, needed=keras_modules.native_promotion_mode, undo=uninstall)
 """Keras 3.16. Its ``undo`` runs after ``uninstall()`` has unpatched the package (if it patched it), so that

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 
 def _settling_partial_sums(patches: PatchRecorder) -> None:
@@ -52,7 +52,7 @@ def _settling_partial_sums(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="partial sums settled", kind=Kind.KERAS_OBJECTS, owner="layer_class()", attributes=("__call__",),
+    name="partial sums settled", attributes=("__call__",),
     description="sharded steps: layer outputs and their gradients are never left partial sums",
     apply=_settling_partial_sums)
 
@@ -98,15 +98,14 @@ def _hooking(make_parameter: Callable[..., Any]) -> Callable[..., Any]:
 
 
 GRADIENTS_OF_OUR_PARAMETERS = Override(
-    name="gradients like parameters", kind=Kind.KERAS_OBJECTS,
-    owner="this module; our backend's distribution_lib and initial_pieces",
+    name="gradients like parameters",
     attributes=("GRADIENTS_LIKE_PARAMETERS",) + sum(_MADE_BY_OUR_BACKEND.values(), ()),
     description="sharded steps: gradients take their parameters' layouts",
     apply=_hook_our_parameters, needed=lambda: not keras_modules.native_layout_variables())
 """On Keras 3.12 to 3.15, whose variables our backend makes."""
 
 GRADIENTS_OF_NATIVE_PARAMETERS = Override(
-    name="gradients like Keras' parameters", kind=Kind.KERAS_OBJECTS, owner="this module; core().Variable",
+    name="gradients like Keras' parameters",
     attributes=("GRADIENTS_LIKE_PARAMETERS", keras_private.VARIABLE_INITIALIZE_DISTRIBUTED),
     description="sharded steps: gradients take their parameters' layouts (Keras' own DTensor parameters)",
     apply=_hook_native_parameters, needed=keras_modules.native_layout_variables)

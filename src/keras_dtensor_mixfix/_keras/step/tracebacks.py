@@ -13,7 +13,7 @@ import os
 
 from ..._lifecycle.recorder import PatchRecorder
 from ..boundary import keras_modules, keras_private
-from ..boundary.overrides import Kind, Override
+from ..boundary.overrides import Override
 
 INTEGRATION_DIRECTORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """Where the integration's wrappers live (this package's ``_keras``, all its sub-packages): its frames are hidden."""
@@ -27,7 +27,6 @@ def _integration_frames_hidden(patches: PatchRecorder) -> None:
 
 
 OVERRIDE = Override(
-    name="tracebacks", kind=Kind.KERAS_OBJECTS, owner="traceback_utils()",
-    attributes=(keras_private.TRACEBACK_EXCLUDED_PATHS,),
+    name="tracebacks", attributes=(keras_private.TRACEBACK_EXCLUDED_PATHS,),
     description="tracebacks: Keras' filter hides the integration's frames as it hides its own",
     apply=_integration_frames_hidden)
