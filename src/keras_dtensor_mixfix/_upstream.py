@@ -97,7 +97,7 @@ DEFECTS: Tuple[Defect, ...] = (
            "DTensor's embedding on a 2-D mesh builds the _MaskPartial mask from the ids before gathering them "
            "(IndexError)"),
     Defect("dynamo_hasattr_dtensor", "torch", "torch_dynamo_hasattr_dtensor.py", _EVERY, (),
-           Workaround.KERAS_OP_OVERRIDE, "_keras/ops/attention_ops.py",
+           Workaround.DOCUMENTED, "docs/troubleshooting.md",
            "TorchDynamo answers hasattr(dtensor, 'to_local') False while tracing"),
     Defect("compile_mutated_dtensor_input", "torch", "torch_compile_mutated_dtensor_input.py", _EVERY, (),
            Workaround.KERAS_OP_OVERRIDE, "_keras/ops/casting.py",
@@ -120,7 +120,7 @@ DEFECTS: Tuple[Defect, ...] = (
            Workaround.DOCUMENTED, "docs/rules.md",
            "DTensor has no sharding strategy for _fused_sgd_, so SGD(fused=True) cannot step DTensor parameters"),
     Defect("clip_grad_norm_two_meshes", "torch", "torch_clip_grad_norm_two_meshes.py", _EVERY, (),
-           Workaround.ENGINE_CORRECTION, "_engine/meshes.py",
+           Workaround.ENGINE_CORRECTION, "_engine/meshes.py, _engine/entry.py",
            "DTensor refuses ops on operands from two meshes over the same ranks, so clip_grad_norm_ over "
            "parameters on two meshes fails"),
     Defect("mse_loss_mean_backward", "torch", "torch_mse_loss_mean_backward.py", _EVERY, (),

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 
 from .._torch.api import custom_op_handler, implicit_replication_enabled, is_mixed_operand_error
+from .._torch.versions import has_defect, running_torch_version
 from .caches import CACHES
 from .fast import NOT_FAST, promote_fast
 from .foreach import promote_foreach, rows_on_several_meshes
@@ -184,6 +185,11 @@ def torch_first(promote: Handler) -> Handler:
     return on_mixed
 
 
+_OTHER_MESHES_REFUSED = has_defect("clip_grad_norm_two_meshes", running_torch_version())
+"""Whether this torch refuses an op on DTensors of two meshes over the same ranks (the upstream-defect table): only
+then does :func:`on_other_meshes` act."""
+
+
 def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """A call whose DTensor operands sit on more than one mesh (no plain operand torch would reject).
 
@@ -192,7 +198,8 @@ def on_other_meshes(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) ->
     inside ``implicit_replication()`` or an op DTensor has its own handler for, torch's path runs (and
     raises its own error naming both meshes).
     """
-    if implicit_replication_enabled() or custom_op_handler(func) is not None or one_mesh(args, kwargs):
+    if (not _OTHER_MESHES_REFUSED or implicit_replication_enabled() or custom_op_handler(func) is not None
+            or one_mesh(args, kwargs)):
         return NotImplemented
     info = op_state(func)
     if info.traits.row_wise and rows_on_several_meshes(args, info.traits):

@@ -67,11 +67,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[3] / "src" / "keras_dtensor_m
 ROOT = PACKAGE.parents[1]
 
 NOT_YET_ASKED = {
-    "dynamo_hasattr_dtensor": "one path of the attention override, which runs on local pieces for other reasons too",
-    "compile_dtensor_output_without_gradient": "paths of the reductions and of the forked train step",
-    "dtensor_argmax_compiled": "one path of the reductions override",
-    "dynamo_compiles_dtensor_unflatten": "the forked train step, which answers other defects too",
-    "clip_grad_norm_two_meshes": "the engine's mesh matching, which serves every op on two meshes",
+    "dynamo_compiles_dtensor_unflatten": "the forked train step runs clearing and backward eagerly, which keeps "
+                                         "TorchDynamo from tracing gradient guards too: not a part of its own",
     "keras_layer_compile_no_region_reuse": "the per-block compile, which exists for the compile time too",
 }
 """Workarounds (of a kind other than ``documented``) installed without asking the table yet, each with why: the

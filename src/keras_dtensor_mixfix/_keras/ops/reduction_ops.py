@@ -29,17 +29,20 @@ from typing import Any, cast
 from ..._lifecycle.recorder import PatchRecorder
 from ..backend.local_pieces import first_index_here, from_pieces, gathered, piece
 from ..boundary import keras_modules
+from ..boundary.defects import running_release_has
 from ..boundary.overrides import Override
 from ..boundary.patches import rebind_everywhere
 
 
 def _settled_reductions(patches: PatchRecorder) -> None:
     numpy_module = keras_modules.backend_numpy()
+    # max/min traced as amax/amin where torch gives a DTensor output no gradient reaches a plain tangent
+    traceable = running_release_has("compile_dtensor_output_without_gradient")
     for name in SETTLED_REDUCTIONS:
         original = getattr(numpy_module, name, None)
         if original is not None:  # Keras 3.16 has no amin/amax of its own: ops.amin is ops.min
             settled = _settled_reduction(original)
-            if name in ONE_VALUE_FORM and hasattr(numpy_module, ONE_VALUE_FORM[name]):
+            if traceable and name in ONE_VALUE_FORM and hasattr(numpy_module, ONE_VALUE_FORM[name]):
                 settled = _traceable_extreme(settled, numpy_module, ONE_VALUE_FORM[name])
             rebind_everywhere(patches, original, settled)
     for name in ARG_REDUCTIONS:
@@ -107,10 +110,12 @@ def _whole_along_reduced(original: Any) -> Any:
     largest = original.__name__ == "argmax"
     # where DTensor's own handler cannot reduce a dim split on a 2-D mesh (the upstream-defect table says where)
     whole_first = has_defect("argmax_2d_mesh_one_row_per_rank", running_torch_version())
+    # where its compiled argmax reads the piece's offset out of a tensor (a data-dependent graph break)
+    pieces_when_compiled = running_release_has("dtensor_argmax_compiled")
 
     @functools.wraps(original)
     def reduction(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-        found = winner_across_pieces(x, axis, keepdims, largest)
+        found = winner_across_pieces(x, axis, keepdims, largest) if pieces_when_compiled else None
         if found is not None:
             return found
         return original(whole_along(x, axis) if whole_first else x, axis, keepdims)
