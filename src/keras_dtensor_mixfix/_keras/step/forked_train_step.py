@@ -5,7 +5,7 @@ compiles its own step once our promotion replaces its mode (:mod:`.compile`'s ``
 Keras' step (the same in 3.12 to 3.15) kept comparable with it line for line, with what a traced step of DTensors
 needs: predictions detached before ``backward()``, clearing and ``backward()`` run eagerly, and the losses layers keep
 detached once the loss holds them. The private names it reads are checked per release by the Keras self-check's
-``trainer_steps`` and ``compiled_step_state`` (``tests/unit/keras_integration/test_boundary_keras.py`` exempts
+``trainer_steps`` and ``compiled_step_state`` (``tests/unit/keras_integration/boundary/test_boundary_keras.py`` exempts
 exactly those here).
 """
 
