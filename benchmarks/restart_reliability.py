@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def _port() -> int:
-    from keras_dtensor_mixfix.testing import _free_port
+    from keras_dtensor_mixfix._loopback_ports import free_port as _free_port
 
     return _free_port()
 

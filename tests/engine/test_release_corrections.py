@@ -164,7 +164,7 @@ def test_a_convolution_2_11_would_get_wrong_is_refused_and_the_advice_works(worl
 def not_equal_of_split_ids(world_size, forced):
     """``torch.ne`` of split token ids and a plain tensor beside them: the values of one process. (Against a plain
     0-dim tensor, which DTensor takes as it is, the call is not mixed: the Keras integration's ``not_equal`` covers
-    keras_hub's padding mask, ``tests/keras_integration/test_keras_sharded_ops.py``.)"""
+    keras_hub's padding mask, ``tests/keras_integration/test_keras_ops_tensor.py``.)"""
     import keras_dtensor_mixfix as mf
     from torch.distributed.tensor import Replicate, Shard
 

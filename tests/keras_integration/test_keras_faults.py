@@ -398,7 +398,7 @@ def _stalled_job(mode):
     import subprocess
     import sys
 
-    from keras_dtensor_mixfix.testing import _free_port
+    from keras_dtensor_mixfix._loopback_ports import free_port as _free_port
 
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),

@@ -22,7 +22,7 @@ CASE = ("gemma", "model_parallel", (2, 2))
 
 
 def _free_port() -> int:
-    from keras_dtensor_mixfix.testing import _free_port as below_the_ephemeral_range  # as rank pools draw theirs
+    from keras_dtensor_mixfix._loopback_ports import free_port as below_the_ephemeral_range  # as rank pools draw
 
     return below_the_ephemeral_range()
 

@@ -198,7 +198,7 @@ def _normalize(text: str) -> str:
 
 
 def _free_port() -> int:
-    from keras_dtensor_mixfix.testing import _free_port as below_the_ephemeral_range  # as rank pools draw theirs
+    from keras_dtensor_mixfix._loopback_ports import free_port as below_the_ephemeral_range  # as rank pools draw
 
     return below_the_ephemeral_range()
 
