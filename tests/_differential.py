@@ -1,6 +1,7 @@
 """The one differential harness: the same program without the package and with it, compared bit for bit.
 
-Two forms, for the two places a difference can come from:
+Two forms, for the two places a difference can come from (and, for callers that assert on what torch itself
+returned or raised, :func:`unpatched_and_patched_outcomes`):
 
 - in a rank worker (:func:`differential`, below): a program run unpatched and patched in one process, for
   everything torch does with and without the promotion (the conformance corpus, programs with no mixed op);
@@ -295,6 +296,48 @@ def assert_conformant(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     assert not lines, "patched run differs from unpatched:\n" + "\n".join(lines[:40]) + (
         f"\n... and {len(lines) - 40} more" if len(lines) > 40 else "")
     return per_rank[0]
+
+
+# --------------------------------------------------------------------------- outcomes, for the caller to compare
+
+
+def unpatched_and_patched_outcomes(program: Callable[..., Any], *args: Any) -> Tuple[Any, Any, Dict[str, int]]:
+    """Rank function helper: ``(unpatched outcome, patched outcome, promotions counted while patched)`` of
+    ``program(*args)``, each outcome from :func:`outcome`, for a caller that asserts on the outcomes themselves
+    (the composition tests: torch's own path, where the patch must change nothing)."""
+    import keras_dtensor_mixfix as mf
+
+    assert not mf.is_patched()
+    unpatched = outcome(program, *args)
+    mf.patch()
+    try:
+        patched = outcome(program, *args)
+        promoted = dict(mf.stats())
+    finally:
+        mf.unpatch()
+    return unpatched, patched, promoted
+
+
+def outcome(program: Callable[..., Any], *args: Any) -> Any:
+    """``("ok", the result as plain values)``, or ``("raised", type, first line, whether it is the mixed-operand
+    error)``."""
+    try:
+        return ("ok", _plain_values(program(*args)))
+    except Exception as exc:  # noqa: BLE001 - the error itself is the outcome to compare
+        text = str(exc)
+        return ("raised", type(exc).__name__, text.split("\n")[0], "got mixed torch.Tensor and DTensor" in text)
+
+
+def _plain_values(value: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return ("DTensor", tuple(value.placements), value.full_tensor().tolist(), value.to_local().tolist())
+    if isinstance(value, torch.Tensor):
+        return ("Tensor", value.dtype, value.tolist())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain_values(v) for v in value)
+    return value
 
 
 # --------------------------------------------------------------------------- whole processes

@@ -1,8 +1,9 @@
 """Compose, never take over: where torch handles a call itself, patched runs exactly what unpatched runs.
 
 Each rank function runs the same program unpatched and patched in one worker and returns both
-results; the test asserts they are identical (values bit for bit, placements, errors). Where torch
-refuses a call and the patch promotes it, the result is compared with a plain reference instead.
+outcomes (``_differential.unpatched_and_patched_outcomes``); the test asserts they are identical (values bit for
+bit, placements, errors). Where torch refuses a call and the patch promotes it, the result is compared with a plain
+reference instead.
 """
 
 from __future__ import annotations
@@ -12,44 +13,10 @@ import threading
 import pytest
 import torch
 
+from _differential import outcome, unpatched_and_patched_outcomes
 from _ranks import close, mesh_for, placements_for, shard
 from keras_dtensor_mixfix._torch.versions import release_of
 from keras_dtensor_mixfix.testing import run_on_ranks
-
-
-def _both(program, *args):
-    """(unpatched result, patched result, promotions counted while patched) of ``program``."""
-    import keras_dtensor_mixfix as mf
-
-    assert not mf.is_patched()
-    unpatched = _outcome(program, *args)
-    mf.patch()
-    try:
-        patched = _outcome(program, *args)
-        promoted = dict(mf.stats())
-    finally:
-        mf.unpatch()
-    return unpatched, patched, promoted
-
-
-def _outcome(program, *args):
-    try:
-        return ("ok", _plain(program(*args)))
-    except Exception as exc:  # noqa: BLE001 - the error itself is the outcome to compare
-        text = str(exc)
-        return ("raised", type(exc).__name__, text.split("\n")[0], "got mixed torch.Tensor and DTensor" in text)
-
-
-def _plain(value):
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor):
-        return ("DTensor", tuple(value.placements), value.full_tensor().tolist(), value.to_local().tolist())
-    if isinstance(value, torch.Tensor):
-        return ("Tensor", value.dtype, value.tolist())
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    return value
 
 
 # --------------------------------------------------------------------------- implicit_replication
@@ -70,7 +37,7 @@ def _implicit_program(world_size):
 
 
 def implicit_replication_is_torchs(world_size):
-    return _both(_implicit_program, world_size)
+    return unpatched_and_patched_outcomes(_implicit_program, world_size)
 
 
 def test_implicit_replication_runs_torchs_own_path(world_size):
@@ -90,7 +57,7 @@ def _is_same_size_program(world_size):
 
 
 def custom_handler_accepting_mixed(world_size):
-    return _both(_is_same_size_program, world_size)
+    return unpatched_and_patched_outcomes(_is_same_size_program, world_size)
 
 
 @pytest.mark.parametrize("world_size", [2])
@@ -117,7 +84,7 @@ def _library_handler_program(world_size):
 
 
 def custom_handler_added_by_a_library(world_size):
-    return _both(_library_handler_program, world_size)
+    return unpatched_and_patched_outcomes(_library_handler_program, world_size)
 
 
 def test_a_custom_handler_added_at_run_time_is_respected():
@@ -144,7 +111,7 @@ def convolution_with_a_plain_weight(world_size, batch_split):
     reference = F.conv1d(x, rw, stride=kernel if ON_2_11 else 1)
     reference.sum().backward()
     dx = shard(x, m, ([Shard(0)] if batch_split else [Replicate()]) + [Replicate()] * (m.ndim - 1))
-    unpatched = _outcome(lambda a, b: F.conv1d(a, b, stride=kernel if ON_2_11 else 1), dx, w)
+    unpatched = outcome(lambda a, b: F.conv1d(a, b, stride=kernel if ON_2_11 else 1), dx, w)
     pw = w.clone().requires_grad_()
     with mf.patched():
         out = F.conv1d(dx, pw, stride=kernel if ON_2_11 else 1)
@@ -229,7 +196,7 @@ def _subclass_program(world_size):
 
 
 def subclass_dispatch(world_size):
-    return _both(_subclass_program, world_size)
+    return unpatched_and_patched_outcomes(_subclass_program, world_size)
 
 
 def test_a_dtensor_subclass_with_its_own_dispatch_is_untouched():
@@ -257,7 +224,7 @@ def compiled_mixed_call_after_unpatch(from_other_thread):
     dt = distribute_tensor(torch.ones(4, 4), m, [Shard(0)])
     plain = torch.full((4, 4), 2.0)
     fn = torch.compile(lambda a, b: a * b, backend="aot_eager")
-    unpatched_first = _outcome(fn, dt, plain)
+    unpatched_first = outcome(fn, dt, plain)
     mf.patch()
     patched_value = fn(dt, plain).full_tensor().sum().item()
     if from_other_thread:
@@ -266,7 +233,7 @@ def compiled_mixed_call_after_unpatch(from_other_thread):
         worker.join()
     else:
         mf.unpatch()
-    after = _outcome(fn, dt, plain)
+    after = outcome(fn, dt, plain)
     return unpatched_first, patched_value, after
 
 
