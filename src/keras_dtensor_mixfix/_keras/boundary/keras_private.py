@@ -5,8 +5,8 @@ names the private *attributes* of Keras objects (a ``Variable``'s ``_value``, a 
 store's ``_h5_entry_group``...). Every other module of the integration goes through the accessors here
 (``tests/unit/keras_integration/boundary/test_boundary_keras.py`` refuses a private read of a Keras object
 elsewhere), and each accessor and name is exercised by a per-release check of the Keras self-check
-(:mod:`..gate.checks`; a unit test holds that every name of :data:`__all__` appears in one). All are the same on every release checked
-(:data:`.keras_modules.CHECKED_RELEASES`) unless said otherwise.
+(:mod:`..gate.checks`; a unit test holds that every name of :data:`__all__` appears in one). All are the same on
+every release checked (:data:`.keras_modules.CHECKED_RELEASES`) unless said otherwise.
 
 The methods the integration replaces on Keras classes are named by constants (``VARIABLE_DIRECT_ASSIGN``...):
 the override reads the original with ``getattr(owner, NAME)`` and sets its replacement under the same name.
