@@ -88,6 +88,7 @@ def tensor_that_requires_grad():
 
 
 def test_a_result_that_cannot_go_back_is_an_error_at_once_not_a_timeout():
+    assert run_on_ranks(fail_on_rank, [], world_size=2) == [0, 1]  # started workers: the clock times the call only
     started = time.monotonic()
     with pytest.raises(RankError, match=r"returned cannot be sent back .* \.detach\(\) it") as info:
         run_on_ranks(tensor_that_requires_grad, world_size=2, timeout=60)
@@ -124,6 +125,7 @@ def die_on_rank_one():
 
 
 def test_a_rank_that_dies_is_reported_at_once_not_after_the_timeout():
+    assert run_on_ranks(fail_on_rank, [], world_size=2) == [0, 1]  # started workers: the clock times the call only
     started = time.monotonic()
     with pytest.raises(RankError, match=r"rank 1 exited with code 3 while running the function") as info:
         run_on_ranks(die_on_rank_one, world_size=2, timeout=120)
