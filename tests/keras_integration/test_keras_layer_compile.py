@@ -214,14 +214,18 @@ def _distribution(mesh_shape):
     return distribution
 
 
-def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False, again=False, custom=False):
+def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False, again=False, custom=False,
+                 tracer=None):
     """On this rank: losses, evaluation, predictions and trained weights of 3 steps with ``jit_compile=True``
     under ``unit``; the graphs TorchDynamo made; the warnings; and a direct call's value (outside any step).
     ``refused``: torch.compile refuses the blocks (as TorchDynamo refuses code it cannot trace); ``"optimizer"``: it
     refuses the optimizer's update. ``stateful``: each block updates statistics and adds a loss in a training call.
     ``custom``: the model overrides ``compute_loss`` and is compiled with a metric. ``again``: then the same job
     compiled again from nothing in memory (``torch._dynamo.reset()``), as a second launch compiles, with the ranks'
-    on-disk cache entries of the first (under ``"again"``: its values and cache hits)."""
+    on-disk cache entries of the first (under ``"again"``: its values and cache hits). ``tracer``: the block tracer
+    (``KERAS_DTENSOR_MIXFIX_BLOCK_TRACER``); with ``"aot"``, each group's signatures traced are under ``"traces"``."""
+    import os
+
     import keras
     import torch
     from torch._dynamo.utils import counters
@@ -255,6 +259,8 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
             group.compiled = refusing
 
         layer_compile._Group.__init__ = init
+    if tracer is not None:
+        os.environ["KERAS_DTENSOR_MIXFIX_BLOCK_TRACER"] = tracer
     try:
         keras.distribution.set_distribution(_distribution(mesh_shape))
         keras.utils.set_random_seed(0)
@@ -273,6 +279,7 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
                   "replaced_calls": sum("call" in vars(layer) for layer in model.layers),
                   "optimizer_compiled": "apply" in vars(model.optimizer),
                   "trainer_regions": sorted(set(layer_compile.TRAINER_REGIONS) & set(vars(model)))}
+        result["traces"] = _traces(model)
         result["autograd_cache"] = dict(counters["aot_autograd"])
         result["graph_cache"] = _graph_cache_counts(counters)
         if again:
@@ -284,9 +291,10 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
                                "evaluated": _scalars(second.evaluate(x, y, verbose=0)),
                                "predicted": second.predict(x, verbose=0), "trained": second.get_weights(),
                                "direct": keras.ops.convert_to_numpy(second(x)),
-                               "autograd_cache": dict(counters["aot_autograd"]),
+                               "autograd_cache": dict(counters["aot_autograd"]), "traces": _traces(second),
                                "graph_cache": _graph_cache_counts(counters)}
     finally:
+        os.environ.pop("KERAS_DTENSOR_MIXFIX_BLOCK_TRACER", None)
         layer_compile._Group.__init__, layer_compile._CompiledMethod.__init__ = group_init, method_init
         layer_compile.set_compile_unit(None)
         logging.getLogger("keras_dtensor_mixfix").removeHandler(handler)
@@ -297,6 +305,14 @@ def compiled_run(mesh_shape, unit, counting=False, refused=False, stateful=False
     result["optimizer_compiled_after_uninstall"] = "apply" in vars(model.optimizer)
     result["trainer_regions_after_uninstall"] = sorted(set(layer_compile.TRAINER_REGIONS) & set(vars(model)))
     return result
+
+
+def _traces(model):
+    """Each group's signatures traced by its block tracer (``None`` for a group traced by TorchDynamo)."""
+    from keras_dtensor_mixfix._keras.step import layer_compile
+
+    prepared = layer_compile._prepared.get(model)
+    return [getattr(group.compiled, "traces", None) for group in (prepared.groups if prepared else [])]
 
 
 def _graph_cache_counts(counters):
@@ -377,6 +393,85 @@ def test_blocks_compile_once_and_equal_one_process(world_size, mesh_shape):
     assert per_layer[0]["optimizer_compiled"] and not per_layer[0]["optimizer_compiled_after_uninstall"]
     assert per_layer[0]["trainer_regions"] == ["compute_loss", "compute_metrics"]
     assert per_layer[0]["trainer_regions_after_uninstall"] == []
+
+
+@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH,
+                    reason="compiling on 2 ranks takes minutes on Keras before 3.15 (its other regions compile op by "
+                           "op); this test runs on Keras 3.15 and 3.16")
+def test_blocks_traced_without_dynamo_equal_one_process_and_a_second_launch_compiles_nothing():
+    """``KERAS_DTENSOR_MIXFIX_BLOCK_TRACER=aot``: the four blocks' group traces one signature for training and one for
+    evaluate and predict (no gradient), values equal one process; the job compiled again from nothing in memory,
+    as a second launch, traces again but compiles no graph of the blocks (inductor finds each on disk)."""
+    per_rank = run_on_ranks(compiled_run, (1, 2), "layer", again=True, tracer="aot", world_size=2, timeout=600)
+    reference = _one_process(per_rank[0]["initial"])
+    for rank, out in enumerate(per_rank):
+        _assert_equal(out, reference)
+        _assert_equal(out["again"], reference)
+        assert out["traces"] == [2] and out["again"]["traces"] == [2], (rank, out["traces"])
+        assert "fxgraph_cache_miss" not in out["again"]["graph_cache"], (rank, out["again"]["graph_cache"])
+        assert not out["warnings"], (rank, out["warnings"])
+
+
+def traced_signatures(initial=None):
+    """On this rank, under the block tracer: the losses of steps that change the input signature (a batch of 4 after
+    batches of 8, then 8 again) and then the blocks' configuration (every block's ``scale``), and the signatures
+    traced after each step. Given ``initial`` weights: one process, eager, from them (the losses alone)."""
+    import os
+
+    import keras
+
+    from keras_dtensor_mixfix import keras_integration
+    from keras_dtensor_mixfix._keras.step import layer_compile
+
+    distributed = initial is None
+    if distributed:
+        assert keras_integration.install()
+    os.environ["KERAS_DTENSOR_MIXFIX_BLOCK_TRACER"] = "aot"
+    try:
+        if distributed:
+            keras.distribution.set_distribution(_distribution((1, 2)))
+        keras.utils.set_random_seed(0)
+        model = _compiled(distributed)
+        if not distributed:
+            model.set_weights(initial)
+        start = model.get_weights()
+        x, y = _data()
+        losses, traces = [], []
+
+        def step(rows):
+            losses.append(_scalars(model.train_on_batch(x[:rows], y[:rows])))
+            if distributed:
+                traces.append(layer_compile._prepared[model].groups[0].compiled.traces)
+
+        step(8)
+        step(8)
+        step(4)
+        step(8)
+        for layer in model.layers:
+            if hasattr(layer, "scale"):
+                layer.scale = 2.0
+        step(8)
+        step(8)
+        return {"initial": start, "losses": losses, "traces": traces}
+    finally:
+        os.environ.pop("KERAS_DTENSOR_MIXFIX_BLOCK_TRACER", None)
+        if distributed:
+            keras.distribution.set_distribution(None)
+            keras_integration.uninstall()
+        keras.backend.clear_session()
+
+
+@pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH,
+                    reason="compiling on 2 ranks takes minutes on Keras before 3.15 (its other regions compile op by "
+                           "op); this test runs on Keras 3.15 and 3.16")
+def test_the_block_tracer_traces_each_new_signature_once_and_a_changed_configuration_again():
+    """A new batch size traces one more signature, a size seen before none; every block's ``scale`` changed traces
+    again, and the losses follow the new configuration as one process's do (no graph of the old one served)."""
+    per_rank = run_on_ranks(traced_signatures, world_size=2, timeout=600)
+    reference = traced_signatures(per_rank[0]["initial"])
+    for rank, out in enumerate(per_rank):
+        np.testing.assert_allclose(out["losses"], reference["losses"], rtol=RTOL)
+        assert out["traces"] == [1, 1, 2, 2, 3, 3], (rank, out["traces"])
 
 
 @pytest.mark.skipif(not OPS_TRACE_IN_ONE_GRAPH,

@@ -36,6 +36,9 @@ class CompileCacheGuard:
         self._patches = PatchRecorder()
         self._lock = threading.Lock()
         self._wanted = False
+        self.changes = 0
+        """How many times the patch, its options or its rules changed: what a graph traced under them was traced
+        under (a cache of graphs of its own, as the Keras integration's block tracer keeps, keys by it)."""
 
     def _skip(self) -> bool:
         return self._traced.promoted_in(current_compile_id())
@@ -69,7 +72,9 @@ class CompileCacheGuard:
             self._patches.restore()
 
     def invalidate(self, why: str) -> None:
-        """Make functions compiled with a promotion recompile (only if any was compiled)."""
+        """Make functions compiled with a promotion recompile (only if any was compiled); count the change
+        (:attr:`changes`) whatever was compiled."""
+        self.changes += 1
         if not self._traced.take():
             return
         log.info("keras_dtensor_mixfix: %s; resetting torch.compile's caches so graphs traced with a "

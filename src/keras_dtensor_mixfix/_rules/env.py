@@ -32,6 +32,10 @@ KERAS_COMPILE_UNIT = "KERAS_DTENSOR_MIXFIX_COMPILE_UNIT"
 """``layer`` (default) or ``step``: what Keras' ``jit_compile=True`` compiles under a distribution, each distinct
 repeated block once or the whole step (``keras_integration.set_compile_unit`` for one process)."""
 
+KERAS_BLOCK_TRACER = "KERAS_DTENSOR_MIXFIX_BLOCK_TRACER"
+"""``dynamo`` (default) or ``aot``: how ``jit_compile=True`` traces each repeated block under a distribution,
+``torch.compile`` (TorchDynamo) or AOTAutograd alone, once per input signature (``_keras/step/block_tracer.py``)."""
+
 COLLECTIVE_TIMEOUT = "KERAS_DTENSOR_MIXFIX_COLLECTIVE_TIMEOUT"
 """Seconds a collective of a process group the package creates (``keras.distribution.initialize()`` on Keras 3.12 to
 3.15) waits for every rank before it raises (``keras_integration.set_collective_timeout`` for one process)."""
@@ -43,8 +47,8 @@ only add host time): for checking the DTensor path on one GPU (``benchmarks/gpu_
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT, COLLECTIVE_TIMEOUT,
-                DTENSORS_ON_ONE_DEVICE}
+_NOT_OPTIONS = {DISABLE_PACKS, ALLOW_NEWER_TORCH, ALLOW_NEWER_KERAS, KERAS_COMPILE_UNIT, KERAS_BLOCK_TRACER,
+                COLLECTIVE_TIMEOUT, DTENSORS_ON_ONE_DEVICE}
 
 _warned: Set[Tuple[str, ...]] = set()
 _warned_lock = threading.Lock()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from .checks_compile import (check_aot_autograd_cache, check_cache_key_tag, check_compile_id,
+from .checks_compile import (check_aot_autograd_cache, check_aot_inductor, check_cache_key_tag, check_compile_id,
                              check_device_mesh_cache_key, check_dynamo_reset, check_traced_tensors)
 from .checks_dispatch import (check_dispatch_rule_registry, check_op_names, check_op_overload, check_op_schema,
                               check_register_goes_through_holder, check_registration_handle,
@@ -61,6 +61,8 @@ CHECKS: Dict[str, Check] = {check.name: check for check in (
     Check("device_mesh_cache_key", "torch._inductor.codecache.FxGraphCachePickler.__init__, dispatch_table",
           check_device_mesh_cache_key),
     Check("dynamo_reset", "torch._dynamo.reset", check_dynamo_reset),
+    Check("aot_inductor", "functorch.compile.aot_function; torch._inductor.compile_fx.compile_fx_inner, partition_fn",
+          check_aot_inductor),
     Check("elastic_agent_store", "torch.distributed.rendezvous._torchelastic_use_agent_store",
           check_elastic_agent_store),
     Check("per_simulated_rank", "torch.distributed._local_tensor.maybe_run_for_local_tensor",

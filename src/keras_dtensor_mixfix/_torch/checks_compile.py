@@ -115,3 +115,31 @@ def check_device_mesh_cache_key(probe: Probe) -> str:
     return ("FxGraphCachePickler.__init__ making self.dispatch_table, given a DeviceMesh reduction by "
             "device_meshes_keyed_by_groups and restored")
 
+
+
+def check_aot_inductor(probe: Probe) -> str:
+    import inspect
+
+    from functorch.compile import aot_function
+    from torch._inductor import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
+
+    from . import aot_compile
+
+    wanted = {"fn", "fw_compiler", "bw_compiler", "partition_fn", "decompositions", "keep_inference_input_mutations"}
+    missing = wanted - set(inspect.signature(aot_function).parameters)
+    require(not missing, f"functorch.compile.aot_function takes no {sorted(missing)}")
+    require(callable(compile_fx.compile_fx_inner) and "is_backward" in inspect.getsource(compile_fx._CompileFxKwargs),
+            "torch._inductor.compile_fx.compile_fx_inner takes no is_backward")
+    require(list(inspect.signature(compile_fx.partition_fn).parameters)[:2] == ["gm", "joint_inputs"],
+            "torch._inductor.compile_fx.partition_fn is not (gm, joint_inputs, ...)")
+    require(isinstance(select_decomp_table(), dict), "torch._inductor.decomposition.select_decomp_table")
+    require(callable(aot_compile.aot_inductor_function), "aot_inductor_function")
+    leaves, structure = aot_compile.flatten(([1, None], {"b": 2, "a": 3}))
+    require(aot_compile.flatten(([4, None], {"b": 5, "a": 6}))[1] == structure and len(leaves) == 4
+            and hash(structure) == hash(aot_compile.flatten(([0, None], {"b": 0, "a": 0}))[1])
+            and aot_compile.unflatten(leaves, structure) == ([1, None], {"b": 2, "a": 3}),
+            "torch.utils._pytree tree_flatten/tree_unflatten (flatten, unflatten): equal structures, a round trip")
+    return ("functorch.compile.aot_function with inductor's compile_fx_inner (is_backward), partition_fn and "
+            "select_decomp_table, as aot_inductor_function (not compiled here: seconds of C++); torch.utils._pytree as "
+            "flatten and unflatten")

@@ -34,6 +34,7 @@ from ..._rules import env
 from ..._rules.errors import InvalidArgumentError
 from ..boundary import keras_modules, keras_private
 from .block_groups import repeated_groups
+from .block_tracer import BlockTracer
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -56,6 +57,21 @@ def set_compile_unit(unit: Optional[str]) -> None:
         raise InvalidArgumentError(f"keras_dtensor_mixfix: set_compile_unit({unit!r}): expected one of {UNITS}, or "
                                    f"None for {COMPILE_UNIT}'s (default 'layer')")
     _override[0] = unit
+
+
+TRACERS = ("dynamo", "aot")
+
+
+def block_tracer() -> str:
+    """How a group's blocks are traced, from :data:`env.KERAS_BLOCK_TRACER`: ``"dynamo"`` (``torch.compile``, the
+    default) or ``"aot"`` (:class:`BlockTracer`)."""
+    raw = os.environ.get(env.KERAS_BLOCK_TRACER, "").strip().lower()
+    if raw in TRACERS:
+        return raw
+    if raw:
+        env.warn_once((env.KERAS_BLOCK_TRACER, raw), "keras_dtensor_mixfix: ignoring %s=%r: expected one of %s; "
+                      "tracing with TorchDynamo (the default)", env.KERAS_BLOCK_TRACER, raw, TRACERS)
+    return "dynamo"
 
 
 def compile_unit() -> str:
@@ -152,8 +168,11 @@ class _Group:
 
         self.members = list(members)
         self.original = type(members[0]).call
-        self.compiled = torch.compile(functools.partial(_stateless_call, _assigning_scope_class()),
-                                      dynamic=False)
+        stateless = functools.partial(_stateless_call, _assigning_scope_class())
+        self.compiled = torch.compile(stateless, dynamic=False)
+        if block_tracer() == "aot":
+            self.compiled = BlockTracer(stateless, self.compiled, f"{members[0].name} (and {len(members) - 1} more "
+                                        "like it)")
         self.template: Any = None
         self.eager_reason: Optional[str] = None
         self.state_checked = False  # whether the template's first compiled call left its Python state as it was
