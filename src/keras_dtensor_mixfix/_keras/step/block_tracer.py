@@ -9,8 +9,8 @@ No guards are traced, so what a graph depends on selects it, its **signature**:
 
 - the structure of the arguments, and each leaf that is not a tensor by value (numbers, flags, strings, ``None``;
   any other object by identity);
-- each tensor's type, shape, strides, dtype, device and whether it requires grad; a DTensor's mesh (by identity)
-  and placements;
+- each tensor's type, shape, strides, dtype, device and whether it requires grad; a DTensor's placements and mesh
+  (its device type, ranks, dim names and process groups);
 - the template's description as :mod:`.block_groups` reads it (each sublayer's class and configuration) and its
   Python state (:func:`keras_private.python_state`): a configuration changed after the first call traces again;
 - grad mode, and how many times the patch, its options or its rules changed (a graph holds the promotions of the
@@ -52,6 +52,7 @@ class BlockTracer:
         self._label = label
         self._graphs: Dict[Hashable, Callable[..., Any]] = {}
         self._kept: List[Any] = []  # the objects keyed by identity, kept alive so that no other one takes their id
+        self._meshes: Dict[int, Tuple[Any, Hashable]] = {}
         self.traces = 0
         """How many signatures were traced and compiled."""
         self.refused: Optional[str] = None
@@ -111,22 +112,37 @@ class BlockTracer:
         import torch
 
         if isinstance(leaf, torch.Tensor):
-            return _tensor_key(leaf, self._kept)
+            return self._tensor_key(leaf)
         if isinstance(leaf, _PLAIN) or isinstance(leaf, torch.dtype):
             return (type(leaf), leaf)
         self._kept.append(leaf)
         return ("object", id(leaf))
 
+    def _tensor_key(self, tensor: Any) -> Tuple[Any, ...]:
+        key: Tuple[Any, ...] = (type(tensor), tuple(tensor.shape), tensor.dtype, tensor.device.type,
+                                tensor.device.index, tensor.requires_grad)
+        placements = getattr(tensor, "placements", None)
+        if placements is not None:  # a DTensor: its layout, and its local piece's strides
+            local = tensor.to_local()
+            return key + (self._mesh_key(tensor.device_mesh), tuple(placements), tuple(local.shape), local.stride())
+        return key + (tensor.stride(),)
 
-def _tensor_key(tensor: Any, kept: List[Any]) -> Tuple[Any, ...]:
-    key: Tuple[Any, ...] = (type(tensor), tuple(tensor.shape), tensor.dtype, tensor.device.type,
-                            tensor.device.index, tensor.requires_grad)
-    placements = getattr(tensor, "placements", None)
-    if placements is not None:  # a DTensor: its layout, and its local piece's strides
-        kept.append(tensor.device_mesh)
-        local = tensor.to_local()
-        return key + (id(tensor.device_mesh), tuple(placements), tuple(local.shape), local.stride())
-    return key + (tensor.stride(),)
+    def _mesh_key(self, mesh: Any) -> Hashable:
+        """A mesh by what a traced graph holds of it: its device type, ranks, dim names and process groups (the
+        collectives name them), so that an equal mesh made anew over the same groups is the same signature; by
+        identity where this rank has no group of it."""
+        known = self._meshes.get(id(mesh))
+        if known is not None and known[0] is mesh:
+            return known[1]
+        try:
+            groups = tuple(mesh.get_group(dim).group_name for dim in range(mesh.ndim))
+        except RuntimeError:
+            key: Hashable = ("mesh", id(mesh))
+        else:
+            key = (mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()),
+                   mesh.mesh_dim_names, groups)
+        self._meshes[id(mesh)] = (mesh, key)  # the mesh kept: no other object takes its id
+        return key
 
 
 def _template_key(template: Any) -> Hashable:
