@@ -11,9 +11,10 @@ from _keras_releases import one_graph
 from keras_dtensor_mixfix.testing import run_on_ranks
 
 
-def compiled_one_hot(choices):
+def compiled_one_hot(choices, tracer="dynamo"):
     """Keras' ``one_hot`` of replicated and row-split DTensor ids inside ``torch.compile(fullgraph=True)`` (a
-    MoE router's expert choices), the class axis last and first."""
+    MoE router's expert choices), the class axis last and first; ``tracer="aot"``: traced by AOTAutograd alone, as
+    the block tracer traces (``KERAS_DTENSOR_MIXFIX_BLOCK_TRACER=aot``)."""
     import keras
     import torch
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -25,8 +26,16 @@ def compiled_one_hot(choices):
     try:
         device_mesh = mesh((2,), ("model",))
         torch._dynamo.reset()
-        encode = torch.compile(lambda x: [keras.ops.one_hot(x, 5), keras.ops.one_hot(x, 5, axis=0)],
-                               backend="aot_eager", fullgraph=True, dynamic=False)
+        def both(x):
+            return [keras.ops.one_hot(x, 5), keras.ops.one_hot(x, 5, axis=0)]
+
+        if tracer == "aot":
+            from functorch.compile import aot_function, nop
+
+            def encode(x):  # one trace per input: the two placements are two signatures
+                return aot_function(both, fw_compiler=nop)(x)
+        else:
+            encode = torch.compile(both, backend="aot_eager", fullgraph=True, dynamic=False)
         return {name: [(value.full_tensor(), tuple(value.placements)) for value in
                        encode(distribute_tensor(choices, device_mesh, [placement]))]
                 for name, placement in (("replicated", Replicate()), ("split", Shard(0)))}
@@ -35,17 +44,19 @@ def compiled_one_hot(choices):
 
 
 @one_graph
-def test_compiled_one_hot_of_a_dtensor_equals_single_process():
+@pytest.mark.parametrize("tracer", ["dynamo", "aot"])
+def test_compiled_one_hot_of_a_dtensor_equals_single_process(tracer):
     """Compiled, ``one_hot`` of a DTensor encodes each rank's piece: torch's own meets a range check DTensor has no
     strategy for (repros/torch_dtensor_one_hot_compiled.py), and the graph break it made in keras_hub's Qwen MoE
-    router left a split graph whose view of its input AOTAutograd could not replay."""
+    router left a split graph whose view of its input AOTAutograd could not replay. Traced by AOTAutograd alone the
+    same (keras_hub's Mixtral and Qwen3 MoE experts fell back to torch.compile from the block tracer for it)."""
     import keras
     import torch
     from torch.distributed.tensor import Replicate, Shard
 
     choices = torch.tensor([[0, 3], [2, 1], [4, 4]])
     expected = [keras.ops.convert_to_numpy(keras.ops.one_hot(choices, 5, axis=axis)) for axis in (-1, 0)]
-    for result in run_on_ranks(compiled_one_hot, choices, world_size=2, timeout=300):
+    for result in run_on_ranks(compiled_one_hot, choices, tracer, world_size=2, timeout=300):
         for placement, values in result.items():
             for (value, placements), want, axis in zip(values, expected, (-1, 0)):
                 np.testing.assert_array_equal(value.numpy(), want, err_msg=f"{placement} axis {axis}")

@@ -7,9 +7,9 @@
   ``generate()``). A sharded input is made ``Replicate`` first, so the write is allowed; values
   are unchanged and the (small) result is replicated. On torch 2.11, whose DTensor has no strategy for
   ``index_put_`` at all, the replicated values' local tensors are updated and wrapped again.
-- ``one_hot`` while compiling, on the releases the defect table lists (``one_hot_compiled_assert_async``: 2.12 and
-  later): DTensor has no strategy for the range check torch's ``one_hot`` makes when traced (keras_hub's Qwen MoE
-  router); each rank encodes its own piece.
+- ``one_hot`` while compiling or tracing, on the releases the defect table lists (``one_hot_compiled_assert_async``:
+  2.12 and later): DTensor has no strategy for the range check torch's ``one_hot`` makes when traced (keras_hub's
+  Qwen MoE router); each rank encodes its own piece.
 - ``stack`` on torch 2.11, whose DTensor normalizes a negative ``axis`` against the inputs' rank, not the result's,
   so an input split at or after the new dim comes out labelled split along the dim after it: silently wrong values
   (keras_hub's rotary embedding stacks head-split halves with ``axis=-2``; ``repros/torch_stack_negative_dim.py``).
@@ -180,7 +180,7 @@ def _replicated_slice_update(original: Any) -> Any:
 
 
 def _local_one_hot(original: Any) -> Any:
-    """Keras' ``one_hot``; while compiling, of a DTensor's local piece, wrapped with its placements.
+    """Keras' ``one_hot``; while compiling or tracing, of a DTensor's local piece, wrapped with its placements.
 
     Traced, torch's ``one_hot`` of a DTensor checks its input's range with ``aten._assert_async.msg``,
     which DTensor has no strategy for (``repros/torch_dtensor_one_hot_compiled.py``): a graph break
@@ -195,9 +195,10 @@ def _local_one_hot(original: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
-        from ..._torch.api import is_exactly
+        from ..._torch.api import is_exactly, is_traced
 
-        if not (torch.compiler.is_compiling() and isinstance(x, DTensor)
+        # compiled by torch.compile, or traced by AOTAutograd alone (the block tracer): fake values
+        if not ((torch.compiler.is_compiling() or is_traced(x)) and isinstance(x, DTensor)
                 and all(is_exactly(p, Shard, Replicate) for p in x.placements)):
             return original(x, num_classes, axis, *args, **kwargs)
         encoded = original(piece(x, x.device_mesh, x.placements), num_classes, axis, *args, **kwargs)
