@@ -8,6 +8,7 @@
   releases only);
 - :mod:`.layer_compile`: each distinct repeated block compiled once, shared by every block like it;
 - :mod:`.block_groups`: which blocks are alike (what Keras says of them: class, configuration, variables, layouts);
+- :mod:`.block_tracer`: a group's blocks traced by AOTAutograd alone, once per input signature (an opt-in);
 - :mod:`.reductions`: partial sums settled at layer outputs (forward and backward), gradients laid out like their
   parameters;
 - :mod:`.ddp`: models with DTensor weights kept out of Keras 3.16's ``DistributedDataParallel`` wrap;

@@ -34,7 +34,6 @@ from ..._rules import env
 from ..._rules.errors import InvalidArgumentError
 from ..boundary import keras_modules, keras_private
 from .block_groups import repeated_groups
-from .block_tracer import BlockTracer
 
 log = logging.getLogger("keras_dtensor_mixfix")
 
@@ -171,6 +170,8 @@ class _Group:
         stateless = functools.partial(_stateless_call, _assigning_scope_class())
         self.compiled = torch.compile(stateless, dynamic=False)
         if block_tracer() == "aot":
+            from .block_tracer import BlockTracer  # here: it imports torch's compile machinery
+
             self.compiled = BlockTracer(stateless, self.compiled, f"{members[0].name} (and {len(members) - 1} more "
                                         "like it)")
         self.template: Any = None
