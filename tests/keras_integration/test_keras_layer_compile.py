@@ -402,6 +402,9 @@ def test_blocks_traced_without_dynamo_equal_one_process_and_a_second_launch_comp
     """``KERAS_DTENSOR_MIXFIX_BLOCK_TRACER=aot``: the four blocks' group traces one signature for training and one for
     evaluate and predict (no gradient), values equal one process; the job compiled again from nothing in memory,
     as a second launch, traces again but compiles no graph of the blocks (inductor finds each on disk)."""
+    from keras_dtensor_mixfix.testing import shutdown_workers
+
+    shutdown_workers()  # fresh rank workers: see the next test
     per_rank = run_on_ranks(compiled_run, (1, 2), "layer", again=True, tracer="aot", world_size=2, timeout=600)
     reference = _one_process(per_rank[0]["initial"])
     for rank, out in enumerate(per_rank):
