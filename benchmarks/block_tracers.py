@@ -24,7 +24,6 @@ ms, and the largest difference of the output and the gradients from ``eager`` (t
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -97,15 +96,9 @@ def _compiled(tracer: str, call: Any, inputs: tuple) -> Any:
 
         if tracer == "aot-nop":
             return aot_function(call, fw_compiler=nop)
-        from torch._inductor.compile_fx import compile_fx_inner, partition_fn
-        from torch._inductor.decomposition import select_decomp_table
+        from keras_dtensor_mixfix._torch.aot_compile import aot_inductor_function
 
-        # inductor's own pieces, as its torch.compile backend hands them to AOTAutograd: its decompositions, its
-        # partitioner (which runs its joint-graph passes first) and its compiler of each partitioned graph
-        return aot_function(call, fw_compiler=compile_fx_inner,
-                            bw_compiler=functools.partial(compile_fx_inner, is_backward=True),
-                            partition_fn=partition_fn, decompositions=select_decomp_table(),
-                            keep_inference_input_mutations=True)
+        return aot_inductor_function(call)  # what the block tracer compiles with
     if tracer == "fx-dynamo":
         from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -14,9 +14,20 @@ private ``torch._inductor.compile_fx.compile_fx_inner`` (keyword ``is_backward``
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
-__all__ = ["aot_inductor_function", "flatten", "unflatten"]
+__all__ = ["aot_inductor_function", "flatten", "unflatten", "mesh_by_groups"]
+
+
+def mesh_by_groups(mesh: Any) -> Optional[Tuple[Any, ...]]:
+    """A mesh as a compiled graph holds it: device type, ranks, dim names and each dim's process group name (what
+    its collectives name); None where this rank has no group in the mesh. Public DeviceMesh API only; inductor's
+    cache key of a mesh (``api.device_meshes_keyed_by_groups``) and the block tracer's signature both read it."""
+    try:
+        groups = tuple(mesh.get_group(dim).group_name for dim in range(mesh.ndim))
+    except RuntimeError:
+        return None
+    return (mesh.device_type, mesh.mesh.tolist(), mesh.mesh_dim_names, groups)
 
 
 def flatten(value: Any) -> Tuple[List[Any], Any]:

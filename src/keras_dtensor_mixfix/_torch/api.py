@@ -374,11 +374,12 @@ def device_mesh_cache_key(*parts: Any) -> Tuple[Any, ...]:
 
 
 def _reduce_device_mesh(mesh: Any) -> Any:
-    try:
-        groups = tuple(mesh.get_group(dim).group_name for dim in range(mesh.ndim))
-    except RuntimeError:  # this rank has no group in the mesh: torch's own pickling (a key that varies)
+    from .aot_compile import mesh_by_groups
+
+    parts = mesh_by_groups(mesh)
+    if parts is None:  # this rank has no group in the mesh: torch's own pickling (a key that varies)
         return mesh.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-    return device_mesh_cache_key, (mesh.device_type, mesh.mesh.tolist(), mesh.mesh_dim_names, groups)
+    return device_mesh_cache_key, parts
 
 
 def dynamo_error_classes() -> Tuple[type, ...]:

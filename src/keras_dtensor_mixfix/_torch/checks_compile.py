@@ -95,6 +95,8 @@ def check_device_mesh_cache_key(probe: Probe) -> str:
     from torch._inductor.codecache import FxGraphCachePickler
     from torch.distributed.device_mesh import DeviceMesh
 
+    from . import aot_compile
+
     api = api_module()
     graph = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
     original = FxGraphCachePickler.__dict__["__init__"]
@@ -106,6 +108,8 @@ def check_device_mesh_cache_key(probe: Probe) -> str:
         require(isinstance(FxGraphCachePickler(graph).dispatch_table, dict),
                 "FxGraphCachePickler has no dispatch_table")
         expected = ("cpu", probe.mesh.mesh.tolist(), probe.mesh.mesh_dim_names, (probe.mesh.get_group(0).group_name,))
+        require(aot_compile.mesh_by_groups(probe.mesh) == expected,
+                "mesh_by_groups does not give device type, ranks, dim names and group names")
         require(pickle.loads(keyed) == api.device_mesh_cache_key(*expected),
                 "a DeviceMesh is not pickled by device type, ranks, dim names and group names "
                 "in the FX graph cache key")

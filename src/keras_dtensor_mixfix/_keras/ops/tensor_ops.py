@@ -198,7 +198,7 @@ def _local_one_hot(original: Any) -> Any:
         from ..._torch.api import is_exactly, is_traced
 
         # compiled by torch.compile, or traced by AOTAutograd alone (the block tracer): fake values
-        if not ((torch.compiler.is_compiling() or is_traced(x)) and isinstance(x, DTensor)
+        if not (isinstance(x, DTensor) and (torch.compiler.is_compiling() or is_traced(x))
                 and all(is_exactly(p, Shard, Replicate) for p in x.placements)):
             return original(x, num_classes, axis, *args, **kwargs)
         encoded = original(piece(x, x.device_mesh, x.placements), num_classes, axis, *args, **kwargs)

@@ -31,7 +31,7 @@ import logging
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from ..._lifecycle.compile_cache import compile_cache_guard
-from ..._torch.aot_compile import aot_inductor_function, flatten, unflatten
+from ..._torch.aot_compile import aot_inductor_function, flatten, mesh_by_groups, unflatten
 from ..boundary import keras_private
 from .block_groups import comparable_config
 
@@ -51,7 +51,7 @@ class BlockTracer:
         self._fallback = fallback
         self._label = label
         self._graphs: Dict[Hashable, Callable[..., Any]] = {}
-        self._kept: List[Any] = []  # the objects keyed by identity, kept alive so that no other one takes their id
+        self._kept: Dict[int, Any] = {}  # the objects keyed by identity, kept alive so that no other takes their id
         self._meshes: Dict[int, Tuple[Any, Hashable]] = {}
         self.traces = 0
         """How many signatures were traced and compiled."""
@@ -115,7 +115,7 @@ class BlockTracer:
             return self._tensor_key(leaf)
         if isinstance(leaf, _PLAIN) or isinstance(leaf, torch.dtype):
             return (type(leaf), leaf)
-        self._kept.append(leaf)
+        self._kept[id(leaf)] = leaf
         return ("object", id(leaf))
 
     def _tensor_key(self, tensor: Any) -> Tuple[Any, ...]:
@@ -134,13 +134,8 @@ class BlockTracer:
         known = self._meshes.get(id(mesh))
         if known is not None and known[0] is mesh:
             return known[1]
-        try:
-            groups = tuple(mesh.get_group(dim).group_name for dim in range(mesh.ndim))
-        except RuntimeError:
-            key: Hashable = ("mesh", id(mesh))
-        else:
-            key = (mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()),
-                   mesh.mesh_dim_names, groups)
+        parts = mesh_by_groups(mesh)
+        key = ("mesh", id(mesh)) if parts is None else _hashable(parts)
         self._meshes[id(mesh)] = (mesh, key)  # the mesh kept: no other object takes its id
         return key
 
